@@ -1,0 +1,112 @@
+# restow's Makefile. Every tool the build and the tests need is built here from
+# Go modules into ./bin: nothing is downloaded from anywhere but the Go module proxy.
+
+# Kubernetes version of the test control plane (kube-apiserver and etcd built
+# from source by hack/build-control-plane.sh).
+K8S_VERSION ?= 1.37.1
+# Older versions `make test-compat` also runs the integration suite against.
+K8S_COMPAT_VERSIONS ?= 1.34.4 1.35.4 1.36.3
+
+CONTROLLER_TOOLS_VERSION ?= v0.23.0
+GOLANGCI_LINT_VERSION ?= v2.15.0
+
+GOOS ?= $(shell go env GOOS)
+GOARCH ?= $(shell go env GOARCH)
+LOCALBIN ?= $(CURDIR)/bin
+CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
+GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+envtest_assets = $(LOCALBIN)/k8s/$(1)-$(GOOS)-$(GOARCH)
+ENVTEST_ASSETS ?= $(call envtest_assets,$(K8S_VERSION))
+
+# Packages with tests: everything but e2e, which has its own build tag and target.
+GO_TEST_FLAGS ?= -race -count=1
+IMG ?= restow:dev
+
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  %-18s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests into config/.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
+	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./..."
+
+.PHONY: fmt
+fmt: ## Run gofmt on the code.
+	gofmt -s -w $$(git ls-files '*.go')
+
+.PHONY: vet
+vet: ## Run go vet.
+	go vet ./...
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## Run golangci-lint.
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: verify
+verify: generate manifests ## Regenerate, check formatting and go.mod, fail on any difference from git.
+	@unformatted=$$(gofmt -s -l $$(git ls-files '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt -s would change:"; echo "$$unformatted"; exit 1; fi
+	go mod tidy
+	cd hack/controlplane && go mod tidy
+	@if [ -n "$$(git status --porcelain)" ]; then \
+	  echo "The tree is not clean after regenerating (run make generate manifests and go mod tidy, then commit):"; \
+	  git status --porcelain; git --no-pager diff --stat; exit 1; fi
+
+##@ Test
+
+.PHONY: envtest-assets
+envtest-assets: ## Build kube-apiserver and etcd from source for K8S_VERSION (idempotent) and print their directory.
+	@hack/build-control-plane.sh $(K8S_VERSION) $(ENVTEST_ASSETS) >&2
+	@echo $(ENVTEST_ASSETS)
+
+.PHONY: test
+test: envtest-assets ## Run unit and integration tests (real API server and etcd) with -race.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: test-compat
+test-compat: ## Run the integration suite against every K8S_COMPAT_VERSIONS control plane too.
+	@for v in $(K8S_COMPAT_VERSIONS); do \
+	  echo "=== Kubernetes $$v"; \
+	  $(MAKE) --no-print-directory test K8S_VERSION=$$v || exit 1; \
+	done
+
+##@ Build
+
+.PHONY: build
+build: ## Build the manager binary into bin/.
+	go build -o $(LOCALBIN)/manager ./cmd/manager
+
+.PHONY: run
+run: ## Run the manager against the cluster in KUBECONFIG.
+	go run ./cmd/manager --log-encoding=console
+
+.PHONY: docker-build
+docker-build: ## Build the container image (needs a Docker engine).
+	docker build -t $(IMG) .
+
+##@ Tools
+
+$(LOCALBIN):
+	mkdir -p $(LOCALBIN)
+
+$(CONTROLLER_GEN): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+	mv $(LOCALBIN)/controller-gen $@
+
+$(GOLANGCI_LINT): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(LOCALBIN)/golangci-lint $@

@@ -1,0 +1,43 @@
+package v1alpha1
+
+// Condition types, with kstatus semantics so that Flux, Argo CD and kstatus
+// read a StorageMigration without custom code.
+const (
+	// ReadyCondition is True (normal polarity) when every object of the
+	// resource is stored at the target version and, for a CRD with pruning on,
+	// status.storedVersions lists only that version.
+	ReadyCondition = "Ready"
+
+	// ReconcilingCondition is True (abnormal polarity: present only while
+	// work is under way) while a pass runs or waits for the API server.
+	ReconcilingCondition = "Reconciling"
+
+	// StalledCondition is True (abnormal polarity) when progress needs user
+	// action: objects that cannot be rewritten, or an unsupported resource.
+	StalledCondition = "Stalled"
+)
+
+// Condition reasons. Each is CamelCase, as the API conventions ask.
+const (
+	// SucceededReason (Ready=True): the last pass rewrote every object.
+	SucceededReason = "Succeeded"
+
+	// ProgressingReason (Reconciling=True, Ready=False): a pass is rewriting objects.
+	ProgressingReason = "Progressing"
+
+	// WaitingForStorageVersionReason (Reconciling=True, Ready=False): the API
+	// server does not serve the new storage version yet.
+	WaitingForStorageVersionReason = "WaitingForStorageVersion"
+
+	// TransientErrorReason (Reconciling=True, Ready=False): the API server or a
+	// conversion webhook is failing transiently; the pass retries with backoff.
+	TransientErrorReason = "TransientError"
+
+	// ObjectsFailedReason (Stalled=True, Ready=False): some objects could not
+	// be rewritten (admission denial, invalid object); see status.failedObjects.
+	ObjectsFailedReason = "ObjectsFailed"
+
+	// UnsupportedReason (Stalled=True, Ready=False): the resource cannot be
+	// listed or patched, or does not exist.
+	UnsupportedReason = "Unsupported"
+)

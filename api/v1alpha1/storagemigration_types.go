@@ -1,0 +1,238 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ReRunAnnotation requests a new pass when its value changes, in the manner of
+// Flux's reconcile.fluxcd.io/requestedAt. Its value is an opaque token (a
+// timestamp is customary); the last token handled is echoed in
+// status.lastHandledReRunToken.
+const ReRunAnnotation = "migration.restow.dev/requested-at"
+
+// StorageMigrationSpec says which resource to keep fully stored at its
+// current storage version, and how to rewrite it.
+// +kubebuilder:validation:XValidation:rule="self.resource == oldSelf.resource",message="spec.resource is immutable"
+type StorageMigrationSpec struct {
+	// resource is the group and plural resource name whose objects are rewritten.
+	// It is immutable: to migrate another resource, create another StorageMigration.
+	// +required
+	Resource GroupResource `json:"resource"`
+
+	// pruneStoredVersions, when true, trims the CRD's status.storedVersions to
+	// the storage version after a pass that rewrote every object without failure.
+	// It has no effect for resources that are not served from a CRD.
+	// +kubebuilder:default=true
+	// +optional
+	PruneStoredVersions *bool `json:"pruneStoredVersions,omitempty"`
+
+	// rewriteViaStatus, when true, rewrites objects through the /status
+	// subresource, which steps around admission webhooks and policies that
+	// match only the main resource. The resource must have a status subresource.
+	// +kubebuilder:default=false
+	// +optional
+	RewriteViaStatus *bool `json:"rewriteViaStatus,omitempty"`
+
+	// concurrency is the number of objects rewritten in parallel. When unset the
+	// operator's --concurrency flag applies.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	// +optional
+	Concurrency *int32 `json:"concurrency,omitempty"`
+
+	// pageSize is the number of objects listed per page. When unset the
+	// operator's --page-size flag applies.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	PageSize *int32 `json:"pageSize,omitempty"`
+}
+
+// GroupResource names a resource by API group and plural resource name.
+type GroupResource struct {
+	// group is the API group of the resource; empty for the core group.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == '' || !format.dns1123Subdomain().validate(self).hasValue()",message="group must be empty or a DNS subdomain"
+	// +optional
+	Group string `json:"group"`
+
+	// resource is the plural, lower-case resource name, such as "crontabs".
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="!format.dns1123Label().validate(self).hasValue()",message="resource must be a DNS label: lower-case letters, digits and '-'"
+	// +required
+	Resource string `json:"resource"`
+}
+
+// String returns resource.group, the form kubectl uses.
+func (gr GroupResource) String() string {
+	if gr.Group == "" {
+		return gr.Resource
+	}
+	return gr.Resource + "." + gr.Group
+}
+
+// StorageMigrationStatus is the observed state of a StorageMigration.
+type StorageMigrationStatus struct {
+	// observedGeneration is the metadata.generation the status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions are Ready, Reconciling and Stalled, with kstatus semantics.
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// targetVersion is the storage version the current or last pass rewrites to.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	TargetVersion string `json:"targetVersion,omitempty"`
+
+	// progress is the progress of the pass under way, absent when none is.
+	// +optional
+	Progress *PassProgress `json:"progress,omitempty"`
+
+	// lastPass summarises the last pass that finished.
+	// +optional
+	LastPass *PassSummary `json:"lastPass,omitempty"`
+
+	// failedObjects lists up to 10 objects the last pass could not rewrite.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=10
+	// +optional
+	FailedObjects []FailedObject `json:"failedObjects,omitempty"`
+
+	// lastHandledReRunToken is the value of the re-run annotation handled last.
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	LastHandledReRunToken string `json:"lastHandledReRunToken,omitempty"`
+}
+
+// ObjectCounts counts the objects of one pass by outcome.
+type ObjectCounts struct {
+	// listed is the number of objects listed so far.
+	// +optional
+	Listed int64 `json:"listed"`
+	// migrated is the number of objects rewritten.
+	// +optional
+	Migrated int64 `json:"migrated"`
+	// skipped is the number of objects changed or deleted by someone else after
+	// they were listed; any such write already stored them at the new version.
+	// +optional
+	Skipped int64 `json:"skipped"`
+	// failed is the number of objects that could not be rewritten.
+	// +optional
+	Failed int64 `json:"failed"`
+}
+
+// PassProgress is the progress of a pass under way.
+type PassProgress struct {
+	ObjectCounts `json:",inline"`
+
+	// startTime is when the pass started.
+	// +required
+	StartTime metav1.Time `json:"startTime"`
+
+	// remainingEstimate is the API server's estimate of the objects not yet
+	// listed (the list's remainingItemCount), absent when it gave none.
+	// +optional
+	RemainingEstimate *int64 `json:"remainingEstimate,omitempty"`
+
+	// continueToken resumes the list after the last page fully rewritten, so a
+	// restarted operator continues the pass instead of starting over.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	ContinueToken string `json:"continueToken,omitempty"`
+}
+
+// PassSummary summarises a finished pass.
+type PassSummary struct {
+	ObjectCounts `json:",inline"`
+
+	// startTime is when the pass started.
+	// +required
+	StartTime metav1.Time `json:"startTime"`
+
+	// completionTime is when the pass ended.
+	// +required
+	CompletionTime metav1.Time `json:"completionTime"`
+
+	// targetVersion is the storage version the pass rewrote to.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	TargetVersion string `json:"targetVersion,omitempty"`
+
+	// prunedVersions are the versions removed from the CRD's
+	// status.storedVersions after the pass.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=63
+	// +optional
+	PrunedVersions []string `json:"prunedVersions,omitempty"`
+}
+
+// FailedObject names an object a pass could not rewrite, and why.
+type FailedObject struct {
+	// namespace of the object; empty for cluster-scoped resources.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+	// name of the object.
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Name string `json:"name"`
+	// reason is a short, CamelCase reason, such as Forbidden or Invalid.
+	// +kubebuilder:validation:MaxLength=64
+	// +required
+	Reason string `json:"reason"`
+	// message is a short human-readable explanation, never object contents.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=smig,categories=restow
+// +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource.resource`
+// +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.spec.resource.group`,priority=1
+// +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetVersion`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Migrated",type=integer,JSONPath=`.status.progress.migrated`
+// +kubebuilder:printcolumn:name="Remaining",type=integer,JSONPath=`.status.progress.remainingEstimate`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// StorageMigration keeps one resource fully stored at its current storage
+// version: it rewrites every object of the resource and, for a CRD, prunes
+// status.storedVersions to the storage version. It is level-based: it runs
+// again whenever that stops holding.
+type StorageMigration struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec says which resource to migrate and how.
+	// +required
+	Spec StorageMigrationSpec `json:"spec"`
+
+	// status is the observed state of the migration.
+	// +optional
+	Status StorageMigrationStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// StorageMigrationList is a list of StorageMigrations.
+type StorageMigrationList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []StorageMigration `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&StorageMigration{}, &StorageMigrationList{})
+}

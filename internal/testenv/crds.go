@@ -1,0 +1,205 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/endpoints/discovery"
+	clientdiscovery "k8s.io/client-go/discovery"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// crdReadyTimeout bounds how long a CRD may take to be established and served.
+const crdReadyTimeout = 30 * time.Second
+
+// CRDVersion describes one version of a test CRD.
+type CRDVersion struct {
+	Name    string
+	Served  bool
+	Storage bool
+	// Schema is the version's OpenAPI schema; nil means an object whose spec
+	// and status keep any fields.
+	Schema *apiextensionsv1.JSONSchemaProps
+}
+
+// NewCRD builds a CRD for tests: group, kind and plural name, scope, and
+// versions. Its kind's singular and list names follow from kind.
+func NewCRD(group, kind, plural string, scope apiextensionsv1.ResourceScope, versions ...CRDVersion) *apiextensionsv1.CustomResourceDefinition {
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + group},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: group,
+			Scope: scope,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{
+				Kind:     kind,
+				ListKind: kind + "List",
+				Plural:   plural,
+			},
+		},
+	}
+	for _, v := range versions {
+		schema := v.Schema
+		if schema == nil {
+			schema = OpenObjectSchema()
+		}
+		crd.Spec.Versions = append(crd.Spec.Versions, apiextensionsv1.CustomResourceDefinitionVersion{
+			Name:         v.Name,
+			Served:       v.Served,
+			Storage:      v.Storage,
+			Schema:       &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: schema},
+			Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}},
+		})
+	}
+	return crd
+}
+
+// OpenObjectSchema is the schema of an object whose spec and status keep any fields.
+func OpenObjectSchema() *apiextensionsv1.JSONSchemaProps {
+	preserve := true
+	return &apiextensionsv1.JSONSchemaProps{
+		Type: "object",
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"spec":   {Type: "object", XPreserveUnknownFields: &preserve},
+			"status": {Type: "object", XPreserveUnknownFields: &preserve},
+		},
+	}
+}
+
+// InstallCRD creates a CRD and waits until the API server serves it.
+func (e *Env) InstallCRD(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) error {
+	if err := e.Client.Create(ctx, crd); err != nil {
+		return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
+	}
+	return e.WaitForCRD(ctx, crd.Name)
+}
+
+// UpdateCRD applies mutate to the live CRD, retrying on conflict, and waits
+// until the API server serves the result.
+func (e *Env) UpdateCRD(ctx context.Context, name string, mutate func(*apiextensionsv1.CustomResourceDefinition)) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+			return err
+		}
+		mutate(crd)
+		return e.Client.Update(ctx, crd)
+	})
+	if err != nil {
+		return fmt.Errorf("updating CRD %s: %w", name, err)
+	}
+	return e.WaitForCRD(ctx, name)
+}
+
+// SetStorageVersion makes version the CRD's only storage version and waits
+// until the API server stores new writes at it.
+func (e *Env) SetStorageVersion(ctx context.Context, name, version string) error {
+	return e.UpdateCRD(ctx, name, func(crd *apiextensionsv1.CustomResourceDefinition) {
+		for i := range crd.Spec.Versions {
+			crd.Spec.Versions[i].Storage = crd.Spec.Versions[i].Name == version
+		}
+	})
+}
+
+// InstallCRDForTest installs a CRD and deletes it when the test ends.
+func (e *Env) InstallCRDForTest(t testing.TB, crd *apiextensionsv1.CustomResourceDefinition) {
+	t.Helper()
+	if err := e.InstallCRD(t.Context(), crd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// t.Context() is already cancelled when cleanups run.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := e.DeleteCRD(ctx, crd.Name); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// DeleteCRD deletes a CRD and waits until it is gone, so the next test may
+// reuse its name.
+func (e *Env) DeleteCRD(ctx context.Context, name string) error {
+	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := e.Client.Delete(ctx, crd); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting CRD %s: %w", name, err)
+	}
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+}
+
+// WaitForCRD waits until a CRD is established and discovery serves every one
+// of its served versions with the storage version hash of its current storage
+// version: the API server has switched to that storage version.
+func (e *Env) WaitForCRD(ctx context.Context, name string) error {
+	disco, err := clientdiscovery.NewDiscoveryClientForConfig(e.Config)
+	if err != nil {
+		return err
+	}
+	var notReady string
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, crdReadyTimeout, true, func(ctx context.Context) (bool, error) {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+			return false, err
+		}
+		notReady = crdNotReady(crd, disco)
+		return notReady == "", nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for CRD %s to be served: %s: %w", name, notReady, err)
+	}
+	return nil
+}
+
+// crdNotReady says why a CRD is not fully served yet, or returns "".
+func crdNotReady(crd *apiextensionsv1.CustomResourceDefinition, disco clientdiscovery.DiscoveryInterface) string {
+	if !crdConditionTrue(crd, apiextensionsv1.Established) {
+		return "not established"
+	}
+	storage := ""
+	for _, v := range crd.Spec.Versions {
+		if v.Storage {
+			storage = v.Name
+		}
+	}
+	wantHash := discovery.StorageVersionHash(crd.Spec.Group, storage, crd.Spec.Names.Kind)
+	for _, v := range crd.Spec.Versions {
+		if !v.Served {
+			continue
+		}
+		resources, err := disco.ServerResourcesForGroupVersion(crd.Spec.Group + "/" + v.Name)
+		if err != nil {
+			return fmt.Sprintf("version %s not in discovery: %v", v.Name, err)
+		}
+		found := false
+		for _, r := range resources.APIResources {
+			if r.Name == crd.Spec.Names.Plural {
+				found = true
+				if r.StorageVersionHash != wantHash {
+					return fmt.Sprintf("version %s does not report storage version %s yet", v.Name, storage)
+				}
+			}
+		}
+		if !found {
+			return fmt.Sprintf("version %s does not list %s yet", v.Name, crd.Spec.Names.Plural)
+		}
+	}
+	return ""
+}
+
+func crdConditionTrue(crd *apiextensionsv1.CustomResourceDefinition, t apiextensionsv1.CustomResourceDefinitionConditionType) bool {
+	for _, c := range crd.Status.Conditions {
+		if c.Type == t {
+			return c.Status == apiextensionsv1.ConditionTrue
+		}
+	}
+	return false
+}

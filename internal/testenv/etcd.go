@@ -1,0 +1,122 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// The API server's default --etcd-prefix.
+const etcdPrefix = "/registry"
+
+// protobufPrefix starts every object the API server stores as protobuf
+// (built-in types); custom resources are stored as JSON.
+var protobufPrefix = []byte("k8s\x00")
+
+// StoredObject is an object as etcd holds it.
+type StoredObject struct {
+	// Key is the etcd key.
+	Key string
+	// Raw is the value as stored.
+	Raw []byte
+	// APIVersion and Kind are read from the stored bytes: the version the
+	// object is encoded at, whatever version a client reads it through.
+	APIVersion string
+	Kind       string
+}
+
+// Key returns the etcd key of an object, as the API server lays keys out:
+// /registry/<group>/<resource>[/<namespace>]/<name>, without the group for
+// the core group. Resources the API server stores under another name (a few
+// built-ins) are not covered.
+func Key(group, resource, namespace, name string) string {
+	return path.Join(resourcePrefix(group, resource), namespace, name)
+}
+
+func resourcePrefix(group, resource string) string {
+	return path.Join(etcdPrefix, group, resource)
+}
+
+// ReadStored reads one object straight from etcd.
+func (e *Env) ReadStored(ctx context.Context, group, resource, namespace, name string) (StoredObject, error) {
+	key := Key(group, resource, namespace, name)
+	resp, err := e.etcd.Get(ctx, key)
+	if err != nil {
+		return StoredObject{}, fmt.Errorf("reading %s from etcd: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return StoredObject{}, fmt.Errorf("etcd has no key %s", key)
+	}
+	return decodeStored(key, resp.Kvs[0].Value)
+}
+
+// StoredVersions reads every object of a resource straight from etcd and
+// counts them by the apiVersion they are encoded at.
+func (e *Env) StoredVersions(ctx context.Context, group, resource string) (map[string]int, error) {
+	counts := map[string]int{}
+	err := e.forEachStored(ctx, group, resource, func(o StoredObject) error {
+		counts[o.APIVersion]++
+		return nil
+	})
+	return counts, err
+}
+
+// forEachStored calls fn for every object of a resource in etcd, reading in
+// pages so a large resource never sits in memory at once.
+func (e *Env) forEachStored(ctx context.Context, group, resource string, fn func(StoredObject) error) error {
+	prefix := resourcePrefix(group, resource) + "/"
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	from := prefix
+	for {
+		resp, err := e.etcd.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(500))
+		if err != nil {
+			return fmt.Errorf("listing %s in etcd: %w", prefix, err)
+		}
+		for _, kv := range resp.Kvs {
+			o, err := decodeStored(string(kv.Key), kv.Value)
+			if err != nil {
+				return err
+			}
+			if err := fn(o); err != nil {
+				return err
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+func decodeStored(key string, raw []byte) (StoredObject, error) {
+	o := StoredObject{Key: key, Raw: raw}
+	switch {
+	case bytes.HasPrefix(raw, protobufPrefix):
+		var unknown runtime.Unknown
+		if err := unknown.Unmarshal(raw[len(protobufPrefix):]); err != nil {
+			return o, fmt.Errorf("decoding protobuf envelope of %s: %w", key, err)
+		}
+		o.APIVersion, o.Kind = unknown.APIVersion, unknown.Kind
+	case bytes.HasPrefix(raw, []byte("{")):
+		var typeMeta struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+		}
+		if err := json.Unmarshal(raw, &typeMeta); err != nil {
+			return o, fmt.Errorf("decoding JSON of %s: %w", key, err)
+		}
+		o.APIVersion, o.Kind = typeMeta.APIVersion, typeMeta.Kind
+	default:
+		return o, fmt.Errorf("value of %s is neither JSON nor Kubernetes protobuf (encrypted, or CBOR?): starts with %q", key, raw[:min(len(raw), 8)])
+	}
+	if o.APIVersion == "" {
+		return o, errors.New("value of " + key + " carries no apiVersion")
+	}
+	return o, nil
+}
