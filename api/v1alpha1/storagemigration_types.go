@@ -232,7 +232,3 @@ type StorageMigrationList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []StorageMigration `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&StorageMigration{}, &StorageMigrationList{})
-}
