@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,7 +17,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/logging"
+	"github.com/restow/restow/internal/migrator"
 )
 
 type options struct {
@@ -29,6 +32,11 @@ type options struct {
 	leaderElectNamespace string
 	qps                  float64
 	burst                int
+	concurrency          int
+	pageSize             int64
+	statusInterval       time.Duration
+	stalledRetryBase     time.Duration
+	stalledRetryMax      time.Duration
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -44,6 +52,11 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	// still protects itself (see docs/operations.md).
 	fs.Float64Var(&o.qps, "kube-api-qps", 200, "Client-side rate limit on requests to the API server, per second.")
 	fs.IntVar(&o.burst, "kube-api-burst", 400, "Client-side burst of requests to the API server.")
+	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency.")
+	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
+	fs.DurationVar(&o.statusInterval, "status-interval", 5*time.Second, "How often a running pass writes its progress into status.")
+	fs.DurationVar(&o.stalledRetryBase, "stalled-retry-base", 30*time.Second, "First delay before a Stalled migration is tried again; doubles each time.")
+	fs.DurationVar(&o.stalledRetryMax, "stalled-retry-max", 30*time.Minute, "Longest delay before a Stalled migration is tried again.")
 }
 
 func main() {
@@ -100,6 +113,14 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
+	reconciler, err := newReconciler(mgr, opts)
+	if err != nil {
+		return err
+	}
+	ctx := ctrl.SetupSignalHandler()
+	if err := reconciler.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
@@ -107,5 +128,23 @@ func run(args []string) error {
 		return err
 	}
 	log.Info("Starting manager")
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return mgr.Start(ctx)
+}
+
+// newReconciler builds the StorageMigration reconciler from the flags.
+func newReconciler(mgr ctrl.Manager, opts options) (*controllers.StorageMigrationReconciler, error) {
+	m, err := controllers.NewMigrator(mgr)
+	if err != nil {
+		return nil, err
+	}
+	return &controllers.StorageMigrationReconciler{
+		Client:           mgr.GetClient(),
+		Migrator:         m,
+		Recorder:         mgr.GetEventRecorder("restow"),
+		Concurrency:      opts.concurrency,
+		PageSize:         opts.pageSize,
+		StatusInterval:   opts.statusInterval,
+		StalledRetryBase: opts.stalledRetryBase,
+		StalledRetryMax:  opts.stalledRetryMax,
+	}, nil
 }

@@ -89,6 +89,9 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane from KUBEBUILDER_ASSETS=%s: %w", os.Getenv("KUBEBUILDER_ASSETS"), err)
 	}
+	// Tests create and rewrite thousands of objects; client-go's default
+	// limit of 5 requests a second would make them crawl.
+	cfg.QPS, cfg.Burst = 2000, 4000
 	env := &Env{Config: cfg, Scheme: scheme, environment: environment}
 	if env.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
 		return nil, errors.Join(err, environment.Stop())

@@ -1,0 +1,147 @@
+package controllers
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/migrator"
+)
+
+// run is one pass under way in the background. Reconcile reads its snapshot;
+// only the pass goroutine writes it.
+type run struct {
+	cancel     context.CancelFunc
+	generation int64
+	target     migrator.Target
+	startTime  metav1.Time
+	// base counts what an interrupted pass had done before this run resumed it.
+	base migrator.Counts
+
+	mu       sync.Mutex
+	progress migrator.Progress
+	done     bool
+	result   migrator.Result
+	err      error
+}
+
+type runSnapshot struct {
+	progress migrator.Progress
+	done     bool
+	result   migrator.Result
+	err      error
+}
+
+func (r *run) snapshot() runSnapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return runSnapshot{progress: r.progress, done: r.done, result: r.result, err: r.err}
+}
+
+// runner keeps the passes under way, one per StorageMigration, and wakes the
+// reconciler when one ends.
+type runner struct {
+	mu   sync.Mutex
+	runs map[string]*run
+	// passes tracks the pass goroutines, so stopping the manager waits for them.
+	passes sync.WaitGroup
+	// stalledPasses counts consecutive passes that ended Stalled, for backoff.
+	stalledPasses map[string]int
+	wake          chan event.GenericEvent
+}
+
+func newRunner() *runner {
+	return &runner{runs: map[string]*run{}, stalledPasses: map[string]int{}, wake: make(chan event.GenericEvent, 64)}
+}
+
+func (r *runner) get(name string) *run {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.runs[name]
+}
+
+// Start implements manager.Runnable: when the manager stops, it cancels every
+// pass and waits for them, so nothing writes after the manager is gone.
+func (r *runner) Start(ctx context.Context) error {
+	<-ctx.Done()
+	r.mu.Lock()
+	for name, current := range r.runs {
+		current.cancel()
+		delete(r.runs, name)
+	}
+	r.mu.Unlock()
+	r.passes.Wait()
+	return nil
+}
+
+// NeedLeaderElection is false so that the runner outlives the reconcilers on shutdown.
+func (r *runner) NeedLeaderElection() bool { return false }
+
+// start runs fn in the background as the pass of sm. The pass outlives the
+// reconcile that started it, not the manager.
+func (r *runner) start(ctx context.Context, sm *migrationv1alpha1.StorageMigration, current *run,
+	fn func(ctx context.Context, observe migrator.Observer) (migrator.Result, error)) {
+	ctx, current.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	current.generation = sm.Generation
+	r.mu.Lock()
+	r.runs[sm.Name] = current
+	r.mu.Unlock()
+	wakeObj := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: sm.Name}}
+	r.passes.Add(1)
+	go func() {
+		defer r.passes.Done()
+		result, err := fn(ctx, func(p migrator.Progress) {
+			current.mu.Lock()
+			current.progress = p
+			current.mu.Unlock()
+		})
+		current.mu.Lock()
+		current.done, current.result, current.err = true, result, err
+		current.mu.Unlock()
+		select {
+		case r.wake <- event.GenericEvent{Object: wakeObj}:
+		case <-ctx.Done():
+		case <-time.After(time.Minute):
+			// The reconciler's periodic requeue picks the result up.
+		}
+	}()
+}
+
+// finish forgets a pass that ended.
+func (r *runner) finish(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.runs, name)
+}
+
+// stop cancels the pass of a StorageMigration, if any.
+func (r *runner) stop(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if current := r.runs[name]; current != nil {
+		current.cancel()
+		delete(r.runs, name)
+	}
+	delete(r.stalledPasses, name)
+}
+
+// stalled records a pass that ended Stalled and returns how long to wait
+// before the next: doubling from base up to maxDelay.
+func (r *runner) stalled(name string, base, maxDelay time.Duration) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.stalledPasses[name]
+	r.stalledPasses[name] = n + 1
+	delay := base << min(n, 16)
+	return min(delay, maxDelay)
+}
+
+func (r *runner) succeeded(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.stalledPasses, name)
+}

@@ -1,0 +1,331 @@
+// Package controllers holds restow's reconcilers. They are plumbing: get the
+// object, decide with small named functions, write status once. A pass runs
+// in the background (internal/migrator); the reconciler starts it, copies its
+// progress into status every StatusInterval, and records how it ended.
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/storedversions"
+)
+
+// resourceIndex indexes StorageMigrations by the CRD name of their resource
+// (resource.group), so a CRD event finds the migrations of its resource.
+const resourceIndex = "spec.resource"
+
+// Requeue delays.
+const (
+	waitForStorageVersionDelay = time.Second
+	transientRetryDelay        = 5 * time.Second
+	restartDelay               = 100 * time.Millisecond
+)
+
+// StorageMigrationReconciler keeps each StorageMigration's resource fully
+// stored at its storage version.
+type StorageMigrationReconciler struct {
+	Client   client.Client
+	Migrator *migrator.Migrator
+	Recorder events.EventRecorder
+
+	// Concurrency and PageSize apply when a StorageMigration leaves them unset.
+	Concurrency int
+	PageSize    int64
+	// StatusInterval is how often status is written while a pass runs.
+	StatusInterval time.Duration
+	// StalledRetryBase and StalledRetryMax bound the backoff before a pass
+	// that ended Stalled is tried again.
+	StalledRetryBase, StalledRetryMax time.Duration
+	// RetryBackoff spaces retries of transient errors within a pass; zero
+	// means migrator.DefaultRetryBackoff.
+	RetryBackoff wait.Backoff
+
+	runs *runner
+}
+
+// +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// Rewriting any resource needs list and patch on it; narrow this in
+// config/rbac to the groups you migrate if you prefer.
+// +kubebuilder:rbac:groups=*,resources=*,verbs=list;patch
+
+// SetupWithManager registers the reconciler and its background runner.
+func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	switch {
+	case r.Client == nil, r.Migrator == nil, r.Recorder == nil:
+		return errors.New("StorageMigrationReconciler needs Client, Migrator and Recorder")
+	case r.StatusInterval <= 0, r.StalledRetryBase <= 0, r.StalledRetryMax < r.StalledRetryBase:
+		return errors.New("StorageMigrationReconciler needs StatusInterval > 0 and 0 < StalledRetryBase <= StalledRetryMax")
+	}
+	r.runs = newRunner()
+	if err := mgr.Add(r.runs); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &migrationv1alpha1.StorageMigration{}, resourceIndex, func(o client.Object) []string {
+		return []string{crdName(o.(*migrationv1alpha1.StorageMigration))}
+	}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&migrationv1alpha1.StorageMigration{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, handler.EnqueueRequestsFromMapFunc(r.migrationsForCRD)).
+		WatchesRawSource(source.Channel(r.runs.wake, &handler.EnqueueRequestForObject{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(r)
+}
+
+func crdName(sm *migrationv1alpha1.StorageMigration) string {
+	return schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}.String()
+}
+
+// migrationsForCRD maps a CRD event to the StorageMigrations of its resource.
+func (r *StorageMigrationReconciler) migrationsForCRD(ctx context.Context, crd client.Object) []reconcile.Request {
+	var list migrationv1alpha1.StorageMigrationList
+	if err := r.Client.List(ctx, &list, client.MatchingFields{resourceIndex: crd.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing StorageMigrations for a CRD event", "crd", crd.GetName())
+		return nil
+	}
+	requests := make([]reconcile.Request, 0, len(list.Items))
+	for _, sm := range list.Items {
+		requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&sm)})
+	}
+	return requests
+}
+
+// Reconcile gets the StorageMigration, decides, and patches status once.
+func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+	sm := &migrationv1alpha1.StorageMigration{}
+	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.runs.stop(req.Name)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !sm.DeletionTimestamp.IsZero() {
+		r.runs.stop(req.Name)
+		return ctrl.Result{}, nil
+	}
+	original := sm.DeepCopy()
+	defer func() {
+		if equality.Semantic.DeepEqual(original.Status, sm.Status) {
+			return
+		}
+		if err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(original)); err != nil {
+			retErr = errors.Join(retErr, client.IgnoreNotFound(err))
+		}
+	}()
+
+	out, requeueAfter := r.reconcile(ctx, sm)
+	setConditions(&sm.Status, out, sm.Generation)
+	return ctrl.Result{RequeueAfter: requeueAfter}, nil
+}
+
+// reconcile follows the pass of sm, or starts one if the resource needs it.
+func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migrationv1alpha1.StorageMigration) (outcome, time.Duration) {
+	current := r.runs.get(sm.Name)
+	if current == nil {
+		return r.startIfNeeded(ctx, sm)
+	}
+	snap := current.snapshot()
+	if !snap.done {
+		if current.generation != sm.Generation {
+			// The spec changed: restart with the new knobs. The pass ends
+			// cancelled and wakes us.
+			current.cancel()
+		}
+		sm.Status.Progress = passProgress(current, snap.progress)
+		if snap.progress.Retrying != "" {
+			return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+snap.progress.Retrying), r.StatusInterval
+		}
+		return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(current.target.TargetVersion(), sm.Status.Progress)), r.StatusInterval
+	}
+	r.runs.finish(sm.Name)
+	return r.passEnded(ctx, sm, current, snap)
+}
+
+// passEnded records how a pass ended and decides what comes next.
+func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migrationv1alpha1.StorageMigration, current *run, snap runSnapshot) (outcome, time.Duration) {
+	log := ctrl.LoggerFrom(ctx)
+	target := current.target.TargetVersion()
+	progress := passProgress(current, snap.progress)
+	progress.ObjectCounts = addCounts(current.base, snap.result.Counts)
+	var stalledErr *migrator.StalledError
+	switch err := snap.err; {
+	case errors.Is(err, context.Canceled):
+		// Cancelled for a new spec: start over from where it got to.
+		sm.Status.Progress = progress
+		return reconciling(migrationv1alpha1.ProgressingReason, "Restarting the pass for the new spec"), restartDelay
+	case errors.As(err, &stalledErr):
+		sm.Status.Progress = nil
+		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, stalledErr.Reason, "Migrate", stalledErr.Message)
+		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
+	case err != nil:
+		// Transient: keep the continue token and resume after a while.
+		sm.Status.Progress = progress
+		log.Info("Pass paused by a transient error, resuming later", "error", err.Error())
+		return reconciling(migrationv1alpha1.TransientErrorReason, "The pass paused after transient errors and resumes shortly: "+err.Error()), transientRetryDelay
+	}
+
+	sm.Status.Progress = nil
+	summary := &migrationv1alpha1.PassSummary{
+		ObjectCounts: progress.ObjectCounts, StartTime: current.startTime, CompletionTime: metav1.Now(), TargetVersion: target,
+	}
+	sm.Status.LastPass = summary
+	sm.Status.FailedObjects = snap.result.Failures
+	if summary.Failed > 0 {
+		msg := fmt.Sprintf("%d of %d objects could not be rewritten to %s; status.failedObjects names them. Nothing was pruned; the pass is retried with backoff", summary.Failed, summary.Listed, target)
+		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.ObjectsFailedReason, "Migrate", msg)
+		return stalled(migrationv1alpha1.ObjectsFailedReason, msg), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
+	}
+
+	if current.target.CRD != nil && pruneEnabled(sm) {
+		pruned, err := storedversions.Prune(ctx, r.Client, r.Migrator.Reader, current.target.CRD.Name, target, current.target.CRD.Generation)
+		switch {
+		case errors.Is(err, storedversions.ErrCRDChanged):
+			sm.Status.LastPass = nil
+			r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.ProgressingReason, "Migrate", "CRD %s changed during the pass; starting a new pass", current.target.CRD.Name)
+			return reconciling(migrationv1alpha1.ProgressingReason, "The CRD changed during the pass; a new pass starts"), restartDelay
+		case err != nil:
+			// The objects are done; the next pass finds them stored already
+			// and costs no etcd write, then prunes.
+			sm.Status.LastPass = nil
+			return reconciling(migrationv1alpha1.TransientErrorReason, "Pruning status.storedVersions failed and is retried: "+err.Error()), transientRetryDelay
+		}
+		summary.PrunedVersions = pruned
+		if len(pruned) > 0 {
+			r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "Pruned", "Prune", "Removed %v from status.storedVersions of CRD %s", pruned, current.target.CRD.Name)
+		}
+	}
+	r.runs.succeeded(sm.Name)
+	msg := fmt.Sprintf("All %d objects are stored at %s", summary.Listed, target)
+	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s (%d rewritten, %d changed by others meanwhile)", msg, summary.Migrated, summary.Skipped)
+	log.Info("Pass succeeded", "targetVersion", target, "listed", summary.Listed, "migrated", summary.Migrated, "skipped", summary.Skipped, "pruned", summary.PrunedVersions)
+	return ready(msg), 0
+}
+
+// startIfNeeded resolves the resource and starts a pass if it needs one.
+func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migrationv1alpha1.StorageMigration) (outcome, time.Duration) {
+	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
+	target, err := r.Migrator.Resolve(ctx, gr)
+	var waitErr *migrator.WaitError
+	var stalledErr *migrator.StalledError
+	switch {
+	case errors.As(err, &waitErr):
+		sm.Status.ObservedGeneration = sm.Generation
+		return reconciling(waitErr.Reason, waitErr.Message), waitForStorageVersionDelay
+	case errors.As(err, &stalledErr):
+		sm.Status.ObservedGeneration = sm.Generation
+		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
+	case err != nil:
+		return reconciling(migrationv1alpha1.TransientErrorReason, err.Error()), transientRetryDelay
+	}
+
+	why := passNeeded(sm, target)
+	if why == "" {
+		sm.Status.ObservedGeneration = sm.Generation
+		return ready(fmt.Sprintf("All objects are stored at %s", target.TargetVersion())), 0
+	}
+	r.start(ctx, sm, target, why)
+	return reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why)), r.StatusInterval
+}
+
+// passNeeded says why the resource needs a pass, or returns "".
+func passNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) string {
+	last := sm.Status.LastPass
+	switch {
+	case sm.Status.Progress != nil:
+		return "resuming an interrupted pass"
+	case last == nil:
+		return "first pass"
+	case sm.Generation != sm.Status.ObservedGeneration:
+		return "the spec changed"
+	case sm.Annotations[migrationv1alpha1.ReRunAnnotation] != sm.Status.LastHandledReRunToken:
+		return "a re-run was requested"
+	case last.TargetVersion != target.TargetVersion():
+		return "the storage version changed"
+	case last.Failed > 0:
+		return "retrying objects that failed"
+	case target.CRD != nil && pruneEnabled(sm) && !slices.Equal(target.CRD.StoredVersions, []string{target.CRD.StorageVersion}):
+		return "status.storedVersions lists other versions"
+	}
+	return ""
+}
+
+// start launches a pass in the background, resuming an interrupted pass to
+// the same version from its continue token.
+func (r *StorageMigrationReconciler) start(ctx context.Context, sm *migrationv1alpha1.StorageMigration, target migrator.Target, why string) {
+	opts := migrator.Options{
+		Concurrency:  r.Concurrency,
+		PageSize:     r.PageSize,
+		ViaStatus:    sm.Spec.RewriteViaStatus != nil && *sm.Spec.RewriteViaStatus,
+		RetryBackoff: r.RetryBackoff,
+	}
+	if sm.Spec.Concurrency != nil {
+		opts.Concurrency = int(*sm.Spec.Concurrency)
+	}
+	if sm.Spec.PageSize != nil {
+		opts.PageSize = int64(*sm.Spec.PageSize)
+	}
+	current := &run{target: target, startTime: metav1.Now()}
+	if p := sm.Status.Progress; p != nil && sm.Status.TargetVersion == target.TargetVersion() {
+		opts.Continue = p.ContinueToken
+		current.startTime = p.StartTime
+		current.base = p.ObjectCounts
+	}
+	current.progress = migrator.Progress{Continue: opts.Continue}
+
+	sm.Status.TargetVersion = target.TargetVersion()
+	sm.Status.ObservedGeneration = sm.Generation
+	sm.Status.LastHandledReRunToken = sm.Annotations[migrationv1alpha1.ReRunAnnotation]
+	sm.Status.Progress = passProgress(current, current.progress)
+
+	ctrl.LoggerFrom(ctx).Info("Starting pass", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", opts.Continue != "")
+	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "PassStarted", "Migrate", "Rewriting %s to %s: %s", target.Resource.GroupResource(), target.TargetVersion(), why)
+	log := ctrl.LoggerFrom(ctx)
+	r.runs.start(ctx, sm, current, func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
+		return r.Migrator.Rewrite(ctrl.LoggerInto(ctx, log), target, opts, observe)
+	})
+}
+
+func passProgress(current *run, p migrator.Progress) *migrationv1alpha1.PassProgress {
+	return &migrationv1alpha1.PassProgress{
+		ObjectCounts:      addCounts(current.base, p.Counts),
+		StartTime:         current.startTime,
+		RemainingEstimate: p.RemainingEstimate,
+		ContinueToken:     p.Continue,
+	}
+}
+
+func addCounts(a, b migrator.Counts) migrator.Counts {
+	return migrator.Counts{Listed: a.Listed + b.Listed, Migrated: a.Migrated + b.Migrated, Skipped: a.Skipped + b.Skipped, Failed: a.Failed + b.Failed}
+}
+
+func pruneEnabled(sm *migrationv1alpha1.StorageMigration) bool {
+	return sm.Spec.PruneStoredVersions == nil || *sm.Spec.PruneStoredVersions
+}

@@ -1,0 +1,83 @@
+package controllers_test
+
+import (
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+)
+
+var tenNamespaces = []string{"ns-0", "ns-1", "ns-2", "ns-3", "ns-4", "ns-5", "ns-6", "ns-7", "ns-8", "ns-9"}
+
+// TestNamespacedCRD: 2,000 objects in 10 namespaces at v1beta1; after the
+// storage switch a StorageMigration brings every one to v1 in etcd and
+// prunes storedVersions to [v1].
+func TestNamespacedCRD(t *testing.T) {
+	f := fixture{group: "ns.controllers.restow.dev", kind: "Widget", plural: "widgets", namespaced: true}
+	f.install(t, "v1beta1", "v1")
+	f.createObjects(t, "v1beta1", 2000, tenNamespaces...)
+	f.assertStored(t, "v1beta1", 2000)
+	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
+		t.Fatal(err)
+	}
+	f.assertStored(t, "v1beta1", 2000)
+	f.assertStoredVersions(t, "v1beta1", "v1")
+
+	startManager(t, nil)
+	sm := f.createMigration(t, nil)
+	sm = waitFor(t, sm.Name, 2*time.Minute, "Ready", readyAt("v1"))
+
+	f.assertStored(t, "v1", 2000)
+	f.assertStoredVersions(t, "v1")
+	last := sm.Status.LastPass
+	if last == nil || last.Listed != 2000 || last.Migrated+last.Skipped != 2000 || last.Failed != 0 || last.TargetVersion != "v1" {
+		t.Fatalf("lastPass = %+v, want 2000 listed, all migrated, target v1", last)
+	}
+	if len(last.PrunedVersions) != 1 || last.PrunedVersions[0] != "v1beta1" {
+		t.Errorf("lastPass.prunedVersions = %v, want [v1beta1]", last.PrunedVersions)
+	}
+	if sm.Status.Progress != nil || sm.Status.TargetVersion != "v1" {
+		t.Errorf("status.progress = %+v, targetVersion = %q; want no progress, target v1", sm.Status.Progress, sm.Status.TargetVersion)
+	}
+}
+
+// TestClusterScopedCRD: the same proof for a cluster-scoped resource.
+func TestClusterScopedCRD(t *testing.T) {
+	f := fixture{group: "cluster.controllers.restow.dev", kind: "Gadget", plural: "gadgets"}
+	f.install(t, "v1beta1", "v1")
+	f.createObjects(t, "v1beta1", 500)
+	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
+		t.Fatal(err)
+	}
+	f.assertStored(t, "v1beta1", 500)
+
+	startManager(t, nil)
+	sm := f.createMigration(t, nil)
+	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
+	f.assertStored(t, "v1", 500)
+	f.assertStoredVersions(t, "v1")
+}
+
+// TestMissingResourceStallsThenRecovers: a StorageMigration for a resource
+// that does not exist is Stalled with reason Unsupported and recovers by
+// itself when the CRD appears.
+func TestMissingResourceStallsThenRecovers(t *testing.T) {
+	f := fixture{group: "late.controllers.restow.dev", kind: "Sprocket", plural: "sprockets"}
+	startManager(t, nil)
+	sm := f.createMigration(t, nil)
+	sm = waitFor(t, sm.Name, 30*time.Second, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason))
+	if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c == nil || c.Status != "False" {
+		t.Errorf("Ready = %+v, want False", c)
+	}
+
+	f.install(t, "v1beta1", "v1")
+	f.createObjects(t, "v1beta1", 20)
+	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
+	f.assertStored(t, "v1", 20)
+	f.assertStoredVersions(t, "v1")
+}

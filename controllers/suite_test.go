@@ -1,0 +1,249 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{CRDDirectoryPaths: []string{"../config/crd/bases"}}, &env)
+}
+
+// startManager runs the StorageMigration controller in a manager of its own,
+// with short intervals, until the test ends or stop is called.
+func startManager(t *testing.T, cfg *rest.Config) (stop func()) {
+	t.Helper()
+	if cfg == nil {
+		cfg = env.Config
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := controllers.NewMigrator(mgr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &controllers.StorageMigrationReconciler{
+		Client:           mgr.GetClient(),
+		Migrator:         m,
+		Recorder:         mgr.GetEventRecorder("restow"),
+		StatusInterval:   200 * time.Millisecond,
+		StalledRetryBase: 500 * time.Millisecond,
+		StalledRetryMax:  2 * time.Second,
+		RetryBackoff:     wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 5, Cap: time.Second},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// fixture is a test CRD whose storage version the test switches.
+type fixture struct {
+	group, kind, plural string
+	namespaced          bool
+}
+
+func (f fixture) crdName() string { return f.plural + "." + f.group }
+
+// install creates the CRD with the given versions, the first one storage.
+func (f fixture) install(t *testing.T, versions ...string) {
+	t.Helper()
+	scope := apiextensionsv1.ClusterScoped
+	if f.namespaced {
+		scope = apiextensionsv1.NamespaceScoped
+	}
+	var vs []testenv.CRDVersion
+	for i, v := range versions {
+		vs = append(vs, testenv.CRDVersion{Name: v, Served: true, Storage: i == 0})
+	}
+	env.InstallCRDForTest(t, testenv.NewCRD(f.group, f.kind, f.plural, scope, vs...))
+}
+
+func (f fixture) gvk(version string) schema.GroupVersionKind {
+	return schema.GroupVersionKind{Group: f.group, Version: version, Kind: f.kind}
+}
+
+func (f fixture) object(version, namespace, name string, spec map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	u.SetGroupVersionKind(f.gvk(version))
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	return u
+}
+
+type objectKey struct{ namespace, name string }
+
+// createObjects creates n objects at version, spread over namespaces (ignored
+// for a cluster-scoped fixture), and returns their keys.
+func (f fixture) createObjects(t *testing.T, version string, n int, namespaces ...string) []objectKey {
+	t.Helper()
+	ctx := t.Context()
+	if !f.namespaced {
+		namespaces = []string{""}
+	}
+	for _, ns := range namespaces {
+		if ns == "" {
+			continue
+		}
+		err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	keys := make([]objectKey, n)
+	for i := range n {
+		keys[i] = objectKey{namespace: namespaces[i%len(namespaces)], name: fmt.Sprintf("obj-%05d", i)}
+	}
+	work := make(chan objectKey)
+	errs := make(chan error, 32)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for k := range work {
+				if err := env.Client.Create(ctx, f.object(version, k.namespace, k.name, map[string]any{"size": int64(1)})); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for _, k := range keys {
+		select {
+		case work <- k:
+		case err := <-errs:
+			close(work)
+			t.Fatal(err)
+		}
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	return keys
+}
+
+// assertStored checks in etcd that every object of the fixture is stored at
+// version, and that there are want of them.
+func (f fixture) assertStored(t *testing.T, version string, want int) {
+	t.Helper()
+	counts, err := env.StoredVersions(t.Context(), f.group, f.plural)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wantCounts := map[string]int{f.group + "/" + version: want}; len(counts) != 1 || counts[f.group+"/"+version] != want {
+		t.Fatalf("etcd holds %v, want %v", counts, wantCounts)
+	}
+}
+
+func (f fixture) storedVersions(t *testing.T) []string {
+	t.Helper()
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: f.crdName()}, crd); err != nil {
+		t.Fatal(err)
+	}
+	return crd.Status.StoredVersions
+}
+
+func (f fixture) assertStoredVersions(t *testing.T, want ...string) {
+	t.Helper()
+	if got := f.storedVersions(t); !slices.Equal(got, want) {
+		t.Fatalf("status.storedVersions = %v, want %v", got, want)
+	}
+}
+
+// createMigration creates the StorageMigration for the fixture's resource.
+func (f fixture) createMigration(t *testing.T, mutate func(*migrationv1alpha1.StorageMigration)) *migrationv1alpha1.StorageMigration {
+	t.Helper()
+	sm := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: f.crdName()},
+		Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Group: f.group, Resource: f.plural}},
+	}
+	if mutate != nil {
+		mutate(sm)
+	}
+	if err := env.Client.Create(t.Context(), sm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
+	return sm
+}
+
+// waitFor polls the StorageMigration until done says so, and returns it.
+func waitFor(t *testing.T, name string, timeout time.Duration, what string, done func(*migrationv1alpha1.StorageMigration) bool) *migrationv1alpha1.StorageMigration {
+	t.Helper()
+	sm := &migrationv1alpha1.StorageMigration{}
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
+			return false, err
+		}
+		return done(sm), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for StorageMigration %s to be %s: %v; status: %+v", name, what, err, sm.Status)
+	}
+	return sm
+}
+
+// readyAt is true once the last pass brought every object to version.
+func readyAt(version string) func(*migrationv1alpha1.StorageMigration) bool {
+	return func(sm *migrationv1alpha1.StorageMigration) bool {
+		return sm.Status.ObservedGeneration == sm.Generation &&
+			meta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
+			sm.Status.LastPass != nil && sm.Status.LastPass.TargetVersion == version
+	}
+}
+
+func hasCondition(t, reason string) func(*migrationv1alpha1.StorageMigration) bool {
+	return func(sm *migrationv1alpha1.StorageMigration) bool {
+		c := meta.FindStatusCondition(sm.Status.Conditions, t)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason
+	}
+}

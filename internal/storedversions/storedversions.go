@@ -1,0 +1,118 @@
+// Package storedversions owns the CRD-facing decisions of a migration: which
+// version a CRD stores at, whether the API server has switched to it yet, and
+// pruning status.storedVersions safely (on a live read, with an optimistic
+// lock, only while nothing changed since the pass began).
+package storedversions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/endpoints/discovery"
+	clientdiscovery "k8s.io/client-go/discovery"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// StorageVersion returns the version a CRD stores new writes at, or "".
+func StorageVersion(crd *apiextensionsv1.CustomResourceDefinition) string {
+	for _, v := range crd.Spec.Versions {
+		if v.Storage {
+			return v.Name
+		}
+	}
+	return ""
+}
+
+// ServedVersions returns the versions a CRD serves, in spec order.
+func ServedVersions(crd *apiextensionsv1.CustomResourceDefinition) []string {
+	var served []string
+	for _, v := range crd.Spec.Versions {
+		if v.Served {
+			served = append(served, v.Name)
+		}
+	}
+	return served
+}
+
+// NeedsMigration reports whether a CRD's status.storedVersions lists anything
+// but its storage version: objects may still be stored at another version.
+func NeedsMigration(crd *apiextensionsv1.CustomResourceDefinition) bool {
+	storage := StorageVersion(crd)
+	return storage != "" && !slices.Equal(crd.Status.StoredVersions, []string{storage})
+}
+
+// NotServingStorageVersion says why the API server does not yet store writes
+// to the CRD's resource at its storage version, or returns "" when it does:
+// the CRD is established and discovery lists the resource under every served
+// version with the storage version hash of the current storage version.
+// Discovery and the handler that stores objects follow the same CRD informer,
+// and discovery is the later of the two to update.
+func NotServingStorageVersion(disco clientdiscovery.DiscoveryInterface, crd *apiextensionsv1.CustomResourceDefinition) (string, error) {
+	if !established(crd) {
+		return "the CRD is not established", nil
+	}
+	storage := StorageVersion(crd)
+	wantHash := discovery.StorageVersionHash(crd.Spec.Group, storage, crd.Spec.Names.Kind)
+	for _, version := range ServedVersions(crd) {
+		resources, err := disco.ServerResourcesForGroupVersion(crd.Spec.Group + "/" + version)
+		if err != nil {
+			return fmt.Sprintf("discovery does not serve %s/%s yet", crd.Spec.Group, version), client.IgnoreNotFound(err)
+		}
+		i := slices.IndexFunc(resources.APIResources, func(r metav1.APIResource) bool { return r.Name == crd.Spec.Names.Plural })
+		if i < 0 {
+			return fmt.Sprintf("discovery does not list %s in %s/%s yet", crd.Spec.Names.Plural, crd.Spec.Group, version), nil
+		}
+		if resources.APIResources[i].StorageVersionHash != wantHash {
+			return fmt.Sprintf("the API server does not store %s at %s yet", crd.Name, storage), nil
+		}
+	}
+	return "", nil
+}
+
+func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
+	for _, c := range crd.Status.Conditions {
+		if c.Type == apiextensionsv1.Established {
+			return c.Status == apiextensionsv1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// ErrCRDChanged means the CRD's storage version or spec changed since the
+// pass began, so the pass proves nothing about the current storage version
+// and a new pass must run before pruning.
+var ErrCRDChanged = errors.New("the CRD changed since the pass began")
+
+// Prune trims a CRD's status.storedVersions to [target], provided that a live
+// read shows the storage version still equals target and metadata.generation
+// still equals generation (the CRD's spec did not change during the pass).
+// The write carries the read's resourceVersion, so a concurrent change fails
+// it rather than being overwritten. It returns the versions it removed.
+func Prune(ctx context.Context, c client.Client, reader client.Reader, name, target string, generation int64) ([]string, error) {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := reader.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		return nil, err
+	}
+	if StorageVersion(crd) != target || crd.Generation != generation {
+		return nil, ErrCRDChanged
+	}
+	if slices.Equal(crd.Status.StoredVersions, []string{target}) {
+		return nil, nil
+	}
+	var pruned []string
+	for _, v := range crd.Status.StoredVersions {
+		if v != target {
+			pruned = append(pruned, v)
+		}
+	}
+	original := crd.DeepCopy()
+	crd.Status.StoredVersions = []string{target}
+	if err := c.Status().Patch(ctx, crd, client.MergeFromWithOptions(original, client.MergeFromWithOptimisticLock{})); err != nil {
+		return nil, fmt.Errorf("pruning status.storedVersions of %s: %w", name, err)
+	}
+	return pruned, nil
+}
