@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 )
@@ -17,7 +18,7 @@ var tenNamespaces = []string{"ns-0", "ns-1", "ns-2", "ns-3", "ns-4", "ns-5", "ns
 func TestNamespacedCRD(t *testing.T) {
 	f := fixture{group: "ns.controllers.restow.dev", kind: "Widget", plural: "widgets", namespaced: true}
 	f.install(t, "v1beta1", "v1")
-	f.createObjects(t, "v1beta1", 2000, tenNamespaces...)
+	f.createObjects(t, 2000, tenNamespaces...)
 	f.assertStored(t, "v1beta1", 2000)
 	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
 		t.Fatal(err)
@@ -28,6 +29,7 @@ func TestNamespacedCRD(t *testing.T) {
 	startManager(t, nil)
 	sm := f.createMigration(t, nil)
 	sm = waitFor(t, sm.Name, 2*time.Minute, "Ready", readyAt("v1"))
+	assertKstatus(t, sm, kstatus.CurrentStatus)
 
 	f.assertStored(t, "v1", 2000)
 	f.assertStoredVersions(t, "v1")
@@ -47,7 +49,7 @@ func TestNamespacedCRD(t *testing.T) {
 func TestClusterScopedCRD(t *testing.T) {
 	f := fixture{group: "cluster.controllers.restow.dev", kind: "Gadget", plural: "gadgets"}
 	f.install(t, "v1beta1", "v1")
-	f.createObjects(t, "v1beta1", 500)
+	f.createObjects(t, 500)
 	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
 		t.Fatal(err)
 	}
@@ -68,12 +70,13 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	startManager(t, nil)
 	sm := f.createMigration(t, nil)
 	sm = waitFor(t, sm.Name, 30*time.Second, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason))
+	assertKstatus(t, sm, kstatus.FailedStatus)
 	if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c == nil || c.Status != "False" {
 		t.Errorf("Ready = %+v, want False", c)
 	}
 
 	f.install(t, "v1beta1", "v1")
-	f.createObjects(t, "v1beta1", 20)
+	f.createObjects(t, 20)
 	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
 		t.Fatal(err)
 	}

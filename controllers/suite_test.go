@@ -14,10 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -97,7 +99,7 @@ func (f fixture) install(t *testing.T, versions ...string) {
 	if f.namespaced {
 		scope = apiextensionsv1.NamespaceScoped
 	}
-	var vs []testenv.CRDVersion
+	vs := make([]testenv.CRDVersion, 0, len(versions))
 	for i, v := range versions {
 		vs = append(vs, testenv.CRDVersion{Name: v, Served: true, Storage: i == 0})
 	}
@@ -118,9 +120,10 @@ func (f fixture) object(version, namespace, name string, spec map[string]any) *u
 
 type objectKey struct{ namespace, name string }
 
-// createObjects creates n objects at version, spread over namespaces (ignored
-// for a cluster-scoped fixture), and returns their keys.
-func (f fixture) createObjects(t *testing.T, version string, n int, namespaces ...string) []objectKey {
+// createObjects creates n objects at v1beta1, the fixtures' first storage
+// version, spread over namespaces (ignored for a cluster-scoped fixture), and
+// returns their keys.
+func (f fixture) createObjects(t *testing.T, n int, namespaces ...string) []objectKey {
 	t.Helper()
 	ctx := t.Context()
 	if !f.namespaced {
@@ -145,7 +148,7 @@ func (f fixture) createObjects(t *testing.T, version string, n int, namespaces .
 	for range 32 {
 		wg.Go(func() {
 			for k := range work {
-				if err := env.Client.Create(ctx, f.object(version, k.namespace, k.name, map[string]any{"size": int64(1)})); err != nil {
+				if err := env.Client.Create(ctx, f.object("v1beta1", k.namespace, k.name, map[string]any{"size": int64(1)})); err != nil {
 					errs <- err
 					return
 				}
@@ -238,6 +241,25 @@ func readyAt(version string) func(*migrationv1alpha1.StorageMigration) bool {
 		return sm.Status.ObservedGeneration == sm.Generation &&
 			meta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
 			sm.Status.LastPass != nil && sm.Status.LastPass.TargetVersion == version
+	}
+}
+
+// assertKstatus checks what kstatus, the library Flux and kubectl wait use,
+// makes of the StorageMigration.
+func assertKstatus(t *testing.T, sm *migrationv1alpha1.StorageMigration, want kstatus.Status) {
+	t.Helper()
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(sm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetGroupVersionKind(migrationv1alpha1.GroupVersion.WithKind("StorageMigration"))
+	res, err := kstatus.Compute(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != want {
+		t.Errorf("kstatus = %s (%s), want %s", res.Status, res.Message, want)
 	}
 }
 

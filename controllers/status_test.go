@@ -1,0 +1,90 @@
+package controllers
+
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/migrator"
+)
+
+func TestConditionsFor(t *testing.T) {
+	tests := []struct {
+		name                        string
+		outcome                     outcome
+		ready, reconciling, stalled metav1.ConditionStatus
+	}{
+		{"ready", ready("All objects are stored at v1"), "True", "False", "False"},
+		{"pass running", reconciling(migrationv1alpha1.ProgressingReason, "10 done"), "False", "True", "False"},
+		{"waiting for the API server", reconciling(migrationv1alpha1.WaitingForStorageVersionReason, "not yet"), "False", "True", "False"},
+		{"transient error", reconciling(migrationv1alpha1.TransientErrorReason, "webhook down"), "False", "True", "False"},
+		{"objects failed", stalled(migrationv1alpha1.ObjectsFailedReason, "1 failed"), "False", "False", "True"},
+		{"unsupported", stalled(migrationv1alpha1.UnsupportedReason, "no such resource"), "False", "False", "True"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conditions := conditionsFor(tt.outcome, 7)
+			for typ, want := range map[string]metav1.ConditionStatus{
+				migrationv1alpha1.ReadyCondition:       tt.ready,
+				migrationv1alpha1.ReconcilingCondition: tt.reconciling,
+				migrationv1alpha1.StalledCondition:     tt.stalled,
+			} {
+				c := meta.FindStatusCondition(conditions, typ)
+				if c == nil {
+					t.Fatalf("no %s condition", typ)
+				}
+				if c.Status != want || c.Reason != tt.outcome.reason || c.ObservedGeneration != 7 {
+					t.Errorf("%s = %s/%s (generation %d), want %s/%s (7)", typ, c.Status, c.Reason, c.ObservedGeneration, want, tt.outcome.reason)
+				}
+				if c.Status == metav1.ConditionTrue && c.Message != tt.outcome.message {
+					t.Errorf("%s message = %q, want %q", typ, c.Message, tt.outcome.message)
+				}
+			}
+		})
+	}
+}
+
+func TestPassNeeded(t *testing.T) {
+	const token = "2026-11-21T10:00:00Z"
+	target := func(storage string, stored ...string) migrator.Target {
+		return migrator.Target{CRD: &migrator.CRDState{StorageVersion: storage, StoredVersions: stored}}
+	}
+	done := func(version string, failed int64) *migrationv1alpha1.PassSummary {
+		return &migrationv1alpha1.PassSummary{TargetVersion: version, ObjectCounts: migrationv1alpha1.ObjectCounts{Failed: failed}}
+	}
+	tests := []struct {
+		name    string
+		status  migrationv1alpha1.StorageMigrationStatus
+		gen     int64
+		token   string
+		prune   bool
+		target  migrator.Target
+		wantRun bool
+	}{
+		{name: "first pass", gen: 1, prune: true, target: target("v1", "v1"), wantRun: true},
+		{name: "all done and pruned", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v1", "v1")},
+		{name: "old version still listed", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v1", "v1beta1", "v1"), wantRun: true},
+		{name: "old version listed, pruning off", gen: 1, prune: false, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v1", "v1beta1", "v1")},
+		{name: "storage version changed", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v2", "v1", "v2"), wantRun: true},
+		{name: "spec changed", gen: 2, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v1", "v1"), wantRun: true},
+		{name: "re-run requested", gen: 1, token: token, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v1", "v1"), wantRun: true},
+		{name: "re-run already handled", gen: 1, token: token, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0), LastHandledReRunToken: token}, target: target("v1", "v1")},
+		{name: "failed objects", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 2)}, target: target("v1", "v1beta1", "v1"), wantRun: true},
+		{name: "interrupted pass", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0), Progress: &migrationv1alpha1.PassProgress{}}, target: target("v1", "v1"), wantRun: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sm := &migrationv1alpha1.StorageMigration{Status: tt.status}
+			sm.Generation = tt.gen
+			sm.Spec.PruneStoredVersions = &tt.prune
+			if tt.token != "" {
+				sm.Annotations = map[string]string{migrationv1alpha1.ReRunAnnotation: tt.token}
+			}
+			if why := passNeeded(sm, tt.target); (why != "") != tt.wantRun {
+				t.Errorf("passNeeded = %q, want a pass: %v", why, tt.wantRun)
+			}
+		})
+	}
+}

@@ -1,0 +1,79 @@
+package migrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"syscall"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+func TestClassify(t *testing.T) {
+	gr := schema.GroupResource{Group: "stable.example.com", Resource: "crontabs"}
+	statusErr := func(code int32, reason metav1.StatusReason) error {
+		return &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: "x"}}
+	}
+	tests := []struct {
+		name string
+		err  error
+		want outcome
+	}{
+		{"success", nil, migrated},
+		{"conflict: written since listed", apierrors.NewConflict(gr, "a", errors.New("changed")), skipped},
+		{"not found: deleted since listed", apierrors.NewNotFound(gr, "a"), skipped},
+		{"too many requests", apierrors.NewTooManyRequests("slow down", 1), transient},
+		{"conversion webhook down: internal error", apierrors.NewInternalError(errors.New("conversion webhook for x failed: connection refused")), transient},
+		{"service unavailable", apierrors.NewServiceUnavailable("restarting"), transient},
+		{"server timeout", apierrors.NewServerTimeout(gr, "patch", 1), transient},
+		{"gateway timeout", apierrors.NewTimeoutError("slow", 1), transient},
+		{"502 without a reason", statusErr(502, ""), transient},
+		{"unauthorized while credentials rotate", apierrors.NewUnauthorized("expired"), transient},
+		{"connection refused", &url.Error{Op: "Patch", URL: "https://x", Err: &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}}, transient},
+		{"connection reset", &url.Error{Op: "Patch", URL: "https://x", Err: syscall.ECONNRESET}, transient},
+		{"unexpected EOF", &url.Error{Op: "Patch", URL: "https://x", Err: io.ErrUnexpectedEOF}, transient},
+		{"client timeout", &url.Error{Op: "Patch", URL: "https://x", Err: context.DeadlineExceeded}, transient},
+		{"admission denial (forbidden)", apierrors.NewForbidden(gr, "a", errors.New("denied by policy")), permanent},
+		{"invalid object", apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "CronTab"}, "a", nil), permanent},
+		{"bad request", apierrors.NewBadRequest("nope"), permanent},
+		{"418 without a reason", statusErr(418, ""), permanent},
+		{"method not allowed", apierrors.NewMethodNotSupported(gr, "patch"), unsupported},
+		{"wrapped conflict", fmt.Errorf("patching: %w", apierrors.NewConflict(gr, "a", errors.New("x"))), skipped},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := classify(tt.err); got != tt.want {
+				t.Errorf("classify(%v) = %s, want %s", tt.err, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestInconsistentContinueFromExpiredError(t *testing.T) {
+	expired := &apierrors.StatusError{ErrStatus: metav1.Status{
+		Status: metav1.StatusFailure, Code: 410, Reason: metav1.StatusReasonExpired,
+		ListMeta: metav1.ListMeta{Continue: "next-inconsistent"},
+	}}
+	if got := inconsistentContinue(expired); got != "next-inconsistent" {
+		t.Errorf("inconsistentContinue = %q, want the token from the error", got)
+	}
+	if got := inconsistentContinue(errors.New("other")); got != "" {
+		t.Errorf("inconsistentContinue(non-status) = %q, want empty (restart the list)", got)
+	}
+	if !apierrors.IsResourceExpired(expired) {
+		t.Error("an expired continue token must be recognised")
+	}
+}
+
+func TestMessageForIsBounded(t *testing.T) {
+	long := apierrors.NewForbidden(schema.GroupResource{Resource: "x"}, "a", errors.New(string(make([]byte, 2000))))
+	if got := messageFor(long); len(got) > 300 {
+		t.Errorf("messageFor returned %d bytes, want at most 300", len(got))
+	}
+}
