@@ -189,7 +189,7 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 		// Transient: keep the continue token and resume after a while.
 		sm.Status.Progress = progress
 		log.Info("Pass paused by a transient error, resuming later", "error", err.Error())
-		return reconciling(migrationv1alpha1.TransientErrorReason, "The pass paused after transient errors and resumes shortly: "+err.Error()), transientRetryDelay
+		return reconciling(migrationv1alpha1.TransientErrorReason, "The pass paused after transient errors and resumes shortly: "+migrator.Message(err)), transientRetryDelay
 	}
 
 	sm.Status.Progress = nil
@@ -215,7 +215,7 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 			// The objects are done; the next pass finds them stored already
 			// and costs no etcd write, then prunes.
 			sm.Status.LastPass = nil
-			return reconciling(migrationv1alpha1.TransientErrorReason, "Pruning status.storedVersions failed and is retried: "+err.Error()), transientRetryDelay
+			return reconciling(migrationv1alpha1.TransientErrorReason, "Pruning status.storedVersions failed and is retried: "+migrator.Message(err)), transientRetryDelay
 		}
 		summary.PrunedVersions = pruned
 		if len(pruned) > 0 {
@@ -243,7 +243,7 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		sm.Status.ObservedGeneration = sm.Generation
 		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
 	case err != nil:
-		return reconciling(migrationv1alpha1.TransientErrorReason, err.Error()), transientRetryDelay
+		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(err)), transientRetryDelay
 	}
 
 	why := passNeeded(sm, target)

@@ -75,10 +75,11 @@ func reasonFor(err error) string {
 	return "Failed"
 }
 
-// messageFor is the API server's message for err, cut to fit status. It never
+// Message is the API server's message for err, cut to fit a condition or
+// status.failedObjects. It never
 // carries object contents: the API server's messages name fields, not values
 // of secret data, and the operator never reads object contents at all.
-func messageFor(err error) string {
+func Message(err error) string {
 	msg := err.Error()
 	var status apierrors.APIStatus
 	if errors.As(err, &status) && status.Status().Message != "" {

@@ -71,9 +71,9 @@ func TestInconsistentContinueFromExpiredError(t *testing.T) {
 	}
 }
 
-func TestMessageForIsBounded(t *testing.T) {
+func TestMessageIsBounded(t *testing.T) {
 	long := apierrors.NewForbidden(schema.GroupResource{Resource: "x"}, "a", errors.New(string(make([]byte, 2000))))
-	if got := messageFor(long); len(got) > 300 {
-		t.Errorf("messageFor returned %d bytes, want at most 300", len(got))
+	if got := Message(long); len(got) > 300 {
+		t.Errorf("Message returned %d bytes, want at most 300", len(got))
 	}
 }

@@ -406,7 +406,7 @@ func (p *pass) rewrite(ctx context.Context, obj metav1.PartialObjectMetadata) er
 		log.V(4).Info("Could not rewrite object", "object", klog.KObj(&obj), "reason", reasonFor(err))
 		p.mu.Lock()
 		if len(p.failures) < maxFailedObjects {
-			p.failures = append(p.failures, Failure{Namespace: obj.Namespace, Name: obj.Name, Reason: reasonFor(err), Message: messageFor(err)})
+			p.failures = append(p.failures, Failure{Namespace: obj.Namespace, Name: obj.Name, Reason: reasonFor(err), Message: Message(err)})
 		}
 		p.mu.Unlock()
 	default:
@@ -422,7 +422,7 @@ func (p *pass) retryTransient(ctx context.Context, fn func() error) error {
 		if ctx.Err() != nil || classify(err) != transient {
 			return false
 		}
-		p.setRetrying(messageFor(err))
+		p.setRetrying(Message(err))
 		return true
 	}, fn)
 	if err == nil {
@@ -446,7 +446,7 @@ func (p *pass) passError(doing string, err error) error {
 	switch classify(err) {
 	case unsupported, permanent:
 		// A list or patch refused for the whole resource.
-		return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("%s %s: %s", doing, p.target.Resource.GroupResource(), messageFor(err))}
+		return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("%s %s: %s", doing, p.target.Resource.GroupResource(), Message(err))}
 	default:
 		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, p.target.Resource.GroupResource(), err)}
 	}
