@@ -10,10 +10,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apiserver/pkg/endpoints/discovery"
 	clientdiscovery "k8s.io/client-go/discovery"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/restow/restow/internal/storedversions"
 )
 
 // crdReadyTimeout bounds how long a CRD may take to be established and served.
@@ -136,9 +137,8 @@ func (e *Env) DeleteCRD(ctx context.Context, name string) error {
 	})
 }
 
-// WaitForCRD waits until a CRD is established and discovery serves every one
-// of its served versions with the storage version hash of its current storage
-// version: the API server has switched to that storage version.
+// WaitForCRD waits until a CRD is established and the API server stores at
+// its current storage version, by the same gate a migration pass uses.
 func (e *Env) WaitForCRD(ctx context.Context, name string) error {
 	disco, err := clientdiscovery.NewDiscoveryClientForConfig(e.Config)
 	if err != nil {
@@ -150,56 +150,11 @@ func (e *Env) WaitForCRD(ctx context.Context, name string) error {
 		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
 			return false, err
 		}
-		notReady = crdNotReady(crd, disco)
-		return notReady == "", nil
+		notReady, err = storedversions.NotServingStorageVersion(disco, crd)
+		return notReady == "", err
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for CRD %s to be served: %s: %w", name, notReady, err)
 	}
 	return nil
-}
-
-// crdNotReady says why a CRD is not fully served yet, or returns "".
-func crdNotReady(crd *apiextensionsv1.CustomResourceDefinition, disco clientdiscovery.DiscoveryInterface) string {
-	if !crdConditionTrue(crd, apiextensionsv1.Established) {
-		return "not established"
-	}
-	storage := ""
-	for _, v := range crd.Spec.Versions {
-		if v.Storage {
-			storage = v.Name
-		}
-	}
-	wantHash := discovery.StorageVersionHash(crd.Spec.Group, storage, crd.Spec.Names.Kind)
-	for _, v := range crd.Spec.Versions {
-		if !v.Served {
-			continue
-		}
-		resources, err := disco.ServerResourcesForGroupVersion(crd.Spec.Group + "/" + v.Name)
-		if err != nil {
-			return fmt.Sprintf("version %s not in discovery: %v", v.Name, err)
-		}
-		found := false
-		for _, r := range resources.APIResources {
-			if r.Name == crd.Spec.Names.Plural {
-				found = true
-				if r.StorageVersionHash != wantHash {
-					return fmt.Sprintf("version %s does not report storage version %s yet", v.Name, storage)
-				}
-			}
-		}
-		if !found {
-			return fmt.Sprintf("version %s does not list %s yet", v.Name, crd.Spec.Names.Plural)
-		}
-	}
-	return ""
-}
-
-func crdConditionTrue(crd *apiextensionsv1.CustomResourceDefinition, t apiextensionsv1.CustomResourceDefinitionConditionType) bool {
-	for _, c := range crd.Status.Conditions {
-		if c.Type == t {
-			return c.Status == apiextensionsv1.ConditionTrue
-		}
-	}
-	return false
 }
