@@ -196,25 +196,23 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 	summary := &migrationv1alpha1.PassSummary{
 		ObjectCounts: progress.ObjectCounts, StartTime: current.startTime, CompletionTime: metav1.Now(), TargetVersion: target,
 	}
-	sm.Status.LastPass = summary
-	sm.Status.FailedObjects = snap.result.Failures
 	if summary.Failed > 0 {
+		sm.Status.LastPass, sm.Status.FailedObjects = summary, snap.result.Failures
 		msg := fmt.Sprintf("%d of %d objects could not be rewritten to %s; status.failedObjects names them. Nothing was pruned; the pass is retried with backoff", summary.Failed, summary.Listed, target)
 		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.ObjectsFailedReason, "Migrate", msg)
 		return stalled(migrationv1alpha1.ObjectsFailedReason, msg), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
 	}
 
 	if current.target.CRD != nil && pruneEnabled(sm) {
+		// Until pruning succeeds the pass is not recorded: the next reconcile
+		// sees storedVersions (or the storage version) still differ and runs
+		// a new pass, which finds the objects stored already.
 		pruned, err := storedversions.Prune(ctx, r.Client, r.Migrator.Reader, current.target.CRD.Name, target, current.target.CRD.Generation)
 		switch {
 		case errors.Is(err, storedversions.ErrCRDChanged):
-			sm.Status.LastPass = nil
 			r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.ProgressingReason, "Migrate", "CRD %s changed during the pass; starting a new pass", current.target.CRD.Name)
 			return reconciling(migrationv1alpha1.ProgressingReason, "The CRD changed during the pass; a new pass starts"), restartDelay
 		case err != nil:
-			// The objects are done; the next pass finds them stored already
-			// and costs no etcd write, then prunes.
-			sm.Status.LastPass = nil
 			return reconciling(migrationv1alpha1.TransientErrorReason, "Pruning status.storedVersions failed and is retried: "+migrator.Message(err)), transientRetryDelay
 		}
 		summary.PrunedVersions = pruned
@@ -222,6 +220,7 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 			r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "Pruned", "Prune", "Removed %v from status.storedVersions of CRD %s", pruned, current.target.CRD.Name)
 		}
 	}
+	sm.Status.LastPass, sm.Status.FailedObjects = summary, nil
 	r.runs.succeeded(sm.Name)
 	msg := fmt.Sprintf("All %d objects are stored at %s", summary.Listed, target)
 	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s (%d rewritten, %d changed by others meanwhile)", msg, summary.Migrated, summary.Skipped)
