@@ -173,8 +173,9 @@ func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migratio
 func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migrationv1alpha1.StorageMigration, current *run, snap runSnapshot) (outcome, time.Duration) {
 	log := ctrl.LoggerFrom(ctx)
 	target := current.target.TargetVersion()
+	// An interrupted pass keeps its last observed progress: its counts match
+	// its continue token, so a resumed pass does not count a page twice.
 	progress := passProgress(current, snap.progress)
-	progress.ObjectCounts = addCounts(current.base, snap.result.Counts)
 	var stalledErr *migrator.StalledError
 	switch err := snap.err; {
 	case errors.Is(err, context.Canceled):
@@ -194,7 +195,7 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 
 	sm.Status.Progress = nil
 	summary := &migrationv1alpha1.PassSummary{
-		ObjectCounts: progress.ObjectCounts, StartTime: current.startTime, CompletionTime: metav1.Now(), TargetVersion: target,
+		ObjectCounts: addCounts(current.base, snap.result.Counts), StartTime: current.startTime, CompletionTime: metav1.Now(), TargetVersion: target,
 	}
 	if summary.Failed > 0 {
 		sm.Status.LastPass, sm.Status.FailedObjects = summary, snap.result.Failures

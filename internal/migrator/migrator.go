@@ -232,6 +232,9 @@ type pass struct {
 	observe  Observer
 
 	listed, migrated, skipped, failed atomic.Int64
+	// isRetrying mirrors retrying != "", so a success clears the message
+	// without taking mu on every object.
+	isRetrying atomic.Bool
 
 	mu            sync.Mutex
 	failures      []Failure
@@ -425,7 +428,7 @@ func (p *pass) retryTransient(ctx context.Context, fn func() error) error {
 		p.setRetrying(Message(err))
 		return true
 	}, fn)
-	if err == nil {
+	if err == nil && p.isRetrying.Load() {
 		p.setRetrying("")
 	}
 	return err
@@ -435,6 +438,7 @@ func (p *pass) setRetrying(msg string) {
 	p.mu.Lock()
 	changed := p.retrying != msg
 	p.retrying = msg
+	p.isRetrying.Store(msg != "")
 	p.mu.Unlock()
 	if changed {
 		p.observe(p.progress())
