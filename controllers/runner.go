@@ -24,9 +24,11 @@ type run struct {
 
 	mu       sync.Mutex
 	progress migrator.Progress
-	done     bool
-	result   migrator.Result
-	err      error
+	// counted is what has been added to the object metrics so far.
+	counted migrator.Counts
+	done    bool
+	result  migrator.Result
+	err     error
 }
 
 type runSnapshot struct {
@@ -94,14 +96,21 @@ func (r *runner) start(ctx context.Context, sm *migrationv1alpha1.StorageMigrati
 	r.passes.Add(1)
 	go func() {
 		defer r.passes.Done()
+		resource := current.target.Resource.GroupResource().String()
 		result, err := fn(ctx, func(p migrator.Progress) {
 			current.mu.Lock()
+			defer current.mu.Unlock()
 			current.progress = p
-			current.mu.Unlock()
+			countObjects(resource, current.counted, p.Counts)
+			current.counted = p.Counts
+			setRemaining(resource, p.RemainingEstimate)
 		})
 		current.mu.Lock()
 		current.done, current.result, current.err = true, result, err
+		countObjects(resource, current.counted, result.Counts)
+		current.counted = result.Counts
 		current.mu.Unlock()
+		setRemaining(resource, nil)
 		select {
 		case r.wake <- event.GenericEvent{Object: wakeObj}:
 		case <-ctx.Done():

@@ -173,6 +173,7 @@ func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migratio
 func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migrationv1alpha1.StorageMigration, current *run, snap runSnapshot) (outcome, time.Duration) {
 	log := ctrl.LoggerFrom(ctx)
 	target := current.target.TargetVersion()
+	resource := current.target.Resource.GroupResource().String()
 	// An interrupted pass keeps its last observed progress: its counts match
 	// its continue token, so a resumed pass does not count a page twice.
 	progress := passProgress(current, snap.progress)
@@ -181,15 +182,18 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 	case errors.Is(err, context.Canceled):
 		// Cancelled for a new spec: start over from where it got to.
 		sm.Status.Progress = progress
+		passesTotal.WithLabelValues(resource, "restarted").Inc()
 		return reconciling(migrationv1alpha1.ProgressingReason, "Restarting the pass for the new spec"), restartDelay
 	case errors.As(err, &stalledErr):
 		sm.Status.Progress = nil
 		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, stalledErr.Reason, "Migrate", stalledErr.Message)
+		passesTotal.WithLabelValues(resource, "stalled").Inc()
 		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
 	case err != nil:
 		// Transient: keep the continue token and resume after a while.
 		sm.Status.Progress = progress
 		log.Info("Pass paused by a transient error, resuming later", "error", err.Error())
+		passesTotal.WithLabelValues(resource, "transient").Inc()
 		return reconciling(migrationv1alpha1.TransientErrorReason, "The pass paused after transient errors and resumes shortly: "+migrator.Message(err)), transientRetryDelay
 	}
 
@@ -201,6 +205,7 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 		sm.Status.LastPass, sm.Status.FailedObjects = summary, snap.result.Failures
 		msg := fmt.Sprintf("%d of %d objects could not be rewritten to %s; status.failedObjects names them. Nothing was pruned; the pass is retried with backoff", summary.Failed, summary.Listed, target)
 		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.ObjectsFailedReason, "Migrate", msg)
+		passesTotal.WithLabelValues(resource, "stalled").Inc()
 		return stalled(migrationv1alpha1.ObjectsFailedReason, msg), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
 	}
 
@@ -212,17 +217,22 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 		switch {
 		case errors.Is(err, storedversions.ErrCRDChanged):
 			r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.ProgressingReason, "Migrate", "CRD %s changed during the pass; starting a new pass", current.target.CRD.Name)
+			passesTotal.WithLabelValues(resource, "restarted").Inc()
 			return reconciling(migrationv1alpha1.ProgressingReason, "The CRD changed during the pass; a new pass starts"), restartDelay
 		case err != nil:
+			passesTotal.WithLabelValues(resource, "transient").Inc()
 			return reconciling(migrationv1alpha1.TransientErrorReason, "Pruning status.storedVersions failed and is retried: "+migrator.Message(err)), transientRetryDelay
 		}
 		summary.PrunedVersions = pruned
 		if len(pruned) > 0 {
+			storedVersionsPrunes.WithLabelValues(resource).Inc()
 			r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "Pruned", "Prune", "Removed %v from status.storedVersions of CRD %s", pruned, current.target.CRD.Name)
 		}
 	}
 	sm.Status.LastPass, sm.Status.FailedObjects = summary, nil
 	r.runs.succeeded(sm.Name)
+	passesTotal.WithLabelValues(resource, "succeeded").Inc()
+	passDuration.WithLabelValues(resource).Observe(summary.CompletionTime.Sub(summary.StartTime.Time).Seconds())
 	msg := fmt.Sprintf("All %d objects are stored at %s", summary.Listed, target)
 	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s (%d rewritten, %d changed by others meanwhile)", msg, summary.Migrated, summary.Skipped)
 	log.Info("Pass succeeded", "targetVersion", target, "listed", summary.Listed, "migrated", summary.Migrated, "skipped", summary.Skipped, "pruned", summary.PrunedVersions)

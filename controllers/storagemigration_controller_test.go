@@ -40,6 +40,21 @@ func TestNamespacedCRD(t *testing.T) {
 	if len(last.PrunedVersions) != 1 || last.PrunedVersions[0] != "v1beta1" {
 		t.Errorf("lastPass.prunedVersions = %v, want [v1beta1]", last.PrunedVersions)
 	}
+	resource := map[string]string{"resource": f.crdName()}
+	migrated := metricValue(t, "restow_objects_total", map[string]string{"resource": f.crdName(), "outcome": "migrated"})
+	skipped := metricValue(t, "restow_objects_total", map[string]string{"resource": f.crdName(), "outcome": "skipped"})
+	if migrated+skipped != 2000 || migrated != float64(last.Migrated) {
+		t.Errorf("restow_objects_total: migrated %v, skipped %v; want them to add up to 2000, migrated %d", migrated, skipped, last.Migrated)
+	}
+	for name, got := range map[string]float64{
+		"restow_passes_total":                metricValue(t, "restow_passes_total", map[string]string{"resource": f.crdName(), "result": "succeeded"}),
+		"restow_pass_duration_seconds":       metricValue(t, "restow_pass_duration_seconds", resource),
+		"restow_storedversions_prunes_total": metricValue(t, "restow_storedversions_prunes_total", resource),
+	} {
+		if got != 1 {
+			t.Errorf("%s = %v, want 1", name, got)
+		}
+	}
 	if sm.Status.Progress != nil || sm.Status.TargetVersion != "v1" {
 		t.Errorf("status.progress = %+v, targetVersion = %q; want no progress, target v1", sm.Status.Progress, sm.Status.TargetVersion)
 	}

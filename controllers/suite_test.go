@@ -23,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -261,6 +262,38 @@ func assertKstatus(t *testing.T, sm *migrationv1alpha1.StorageMigration, want ks
 	if res.Status != want {
 		t.Errorf("kstatus = %s (%s), want %s", res.Status, res.Message, want)
 	}
+}
+
+// metricValue reads a counter or gauge, or a histogram's sample count, from
+// the registry the manager serves on its metrics endpoint.
+func metricValue(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, family := range families {
+		if family.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range family.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+					continue metrics
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return 0
 }
 
 func hasCondition(t, reason string) func(*migrationv1alpha1.StorageMigration) bool {

@@ -1,0 +1,53 @@
+package controllers
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/restow/restow/internal/migrator"
+)
+
+// Metrics on the manager's metrics endpoint. The resource label is
+// resource.group, as kubectl writes it.
+var (
+	objectsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "restow_objects_total",
+		Help: "Objects handled by migration passes, by outcome: migrated (rewritten), skipped (changed or deleted by others since listed), failed.",
+	}, []string{"resource", "outcome"})
+	remainingObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "restow_remaining_objects",
+		Help: "The API server's estimate of objects not yet listed by the pass under way (0 when none runs or no estimate is given).",
+	}, []string{"resource"})
+	passesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "restow_passes_total",
+		Help: "Migration passes that ended, by result: succeeded, stalled, transient (paused, resumes later), restarted (the CRD or spec changed).",
+	}, []string{"resource", "result"})
+	passDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "restow_pass_duration_seconds",
+		Help:    "Wall time of migration passes that succeeded, from start (including resumed parts) to end.",
+		Buckets: prometheus.ExponentialBuckets(0.5, 2, 14), // 0.5 s to about 2 h
+	}, []string{"resource"})
+	storedVersionsPrunes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "restow_storedversions_prunes_total",
+		Help: "Times status.storedVersions of a CRD was pruned.",
+	}, []string{"resource"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passesTotal, passDuration, storedVersionsPrunes)
+}
+
+// countObjects adds what a pass did since the counts last reported.
+func countObjects(resource string, last, now migrator.Counts) {
+	objectsTotal.WithLabelValues(resource, "migrated").Add(float64(max(now.Migrated-last.Migrated, 0)))
+	objectsTotal.WithLabelValues(resource, "skipped").Add(float64(max(now.Skipped-last.Skipped, 0)))
+	objectsTotal.WithLabelValues(resource, "failed").Add(float64(max(now.Failed-last.Failed, 0)))
+}
+
+func setRemaining(resource string, remaining *int64) {
+	v := 0.0
+	if remaining != nil {
+		v = float64(*remaining)
+	}
+	remainingObjects.WithLabelValues(resource).Set(v)
+}
