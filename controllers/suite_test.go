@@ -89,6 +89,8 @@ func startManager(t *testing.T, cfg *rest.Config) (stop func()) {
 type fixture struct {
 	group, kind, plural string
 	namespaced          bool
+	// conversion, when set, is the CRD's spec.conversion.
+	conversion *apiextensionsv1.CustomResourceConversion
 }
 
 func (f fixture) crdName() string { return f.plural + "." + f.group }
@@ -104,7 +106,9 @@ func (f fixture) install(t *testing.T, versions ...string) {
 	for i, v := range versions {
 		vs = append(vs, testenv.CRDVersion{Name: v, Served: true, Storage: i == 0})
 	}
-	env.InstallCRDForTest(t, testenv.NewCRD(f.group, f.kind, f.plural, scope, vs...))
+	crd := testenv.NewCRD(f.group, f.kind, f.plural, scope, vs...)
+	crd.Spec.Conversion = f.conversion
+	env.InstallCRDForTest(t, crd)
 }
 
 func (f fixture) gvk(version string) schema.GroupVersionKind {
