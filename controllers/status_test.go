@@ -54,6 +54,14 @@ func TestPassNeeded(t *testing.T) {
 	done := func(version string, failed int64) *migrationv1alpha1.PassSummary {
 		return &migrationv1alpha1.PassSummary{TargetVersion: version, ObjectCounts: migrationv1alpha1.ObjectCounts{Failed: failed}}
 	}
+	served := func(p *migrationv1alpha1.PassSummary, versions ...string) *migrationv1alpha1.PassSummary {
+		p.ServedVersions = versions
+		return p
+	}
+	servedTarget := func(t migrator.Target, versions ...string) migrator.Target {
+		t.CRD.ServedVersions = versions
+		return t
+	}
 	tests := []struct {
 		name    string
 		status  migrationv1alpha1.StorageMigrationStatus
@@ -72,6 +80,8 @@ func TestPassNeeded(t *testing.T) {
 		{name: "re-run requested", gen: 1, token: token, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v1", "v1"), wantRun: true},
 		{name: "re-run already handled", gen: 1, token: token, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0), LastHandledReRunToken: token}, target: target("v1", "v1")},
 		{name: "failed objects", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 2)}, target: target("v1", "v1beta1", "v1"), wantRun: true},
+		{name: "a version stopped being served", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: served(done("v1", 0), "v1beta1", "v1")}, target: servedTarget(target("v1", "v1"), "v1"), wantRun: true},
+		{name: "served versions unchanged", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: served(done("v1", 0), "v1beta1", "v1")}, target: servedTarget(target("v1", "v1"), "v1beta1", "v1")},
 		{name: "interrupted pass", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0), Progress: &migrationv1alpha1.PassProgress{}}, target: target("v1", "v1"), wantRun: true},
 	}
 	for _, tt := range tests {

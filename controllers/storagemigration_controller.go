@@ -201,6 +201,9 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 	summary := &migrationv1alpha1.PassSummary{
 		ObjectCounts: addCounts(current.base, snap.result.Counts), StartTime: current.startTime, CompletionTime: metav1.Now(), TargetVersion: target,
 	}
+	if current.target.CRD != nil {
+		summary.ServedVersions = current.target.CRD.ServedVersions
+	}
 	if summary.Failed > 0 {
 		sm.Status.LastPass, sm.Status.FailedObjects = summary, snap.result.Failures
 		msg := fmt.Sprintf("%d of %d objects could not be rewritten to %s; status.failedObjects names them. Nothing was pruned; the pass is retried with backoff", summary.Failed, summary.Listed, target)
@@ -283,6 +286,8 @@ func passNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) 
 		return "retrying objects that failed"
 	case target.CRD != nil && pruneEnabled(sm) && !slices.Equal(target.CRD.StoredVersions, []string{target.CRD.StorageVersion}):
 		return "status.storedVersions lists other versions"
+	case target.CRD != nil && slices.ContainsFunc(last.ServedVersions, func(v string) bool { return !slices.Contains(target.CRD.ServedVersions, v) }):
+		return "a version stopped being served: re-pointing managedFields that name it"
 	}
 	return ""
 }

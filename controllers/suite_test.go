@@ -134,15 +134,7 @@ func (f fixture) createObjects(t *testing.T, n int, namespaces ...string) []obje
 	if !f.namespaced {
 		namespaces = []string{""}
 	}
-	for _, ns := range namespaces {
-		if ns == "" {
-			continue
-		}
-		err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
+	ensureNamespaces(t, namespaces...)
 	keys := make([]objectKey, n)
 	for i := range n {
 		keys[i] = objectKey{namespace: namespaces[i%len(namespaces)], name: fmt.Sprintf("obj-%05d", i)}
@@ -176,6 +168,19 @@ func (f fixture) createObjects(t *testing.T, n int, namespaces ...string) []obje
 	default:
 	}
 	return keys
+}
+
+func ensureNamespaces(t *testing.T, namespaces ...string) {
+	t.Helper()
+	for _, ns := range namespaces {
+		if ns == "" {
+			continue
+		}
+		err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
 }
 
 // assertStored checks in etcd that every object of the fixture is stored at

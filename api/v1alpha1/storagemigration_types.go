@@ -164,6 +164,16 @@ type PassSummary struct {
 	// +optional
 	TargetVersion string `json:"targetVersion,omitempty"`
 
+	// servedVersions are the versions the CRD served when the pass began.
+	// When one of them stops being served, a new pass re-points managedFields
+	// entries that name it, so that server-side apply keeps working once the
+	// version is removed from the CRD.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=63
+	// +optional
+	ServedVersions []string `json:"servedVersions,omitempty"`
+
 	// prunedVersions are the versions removed from the CRD's
 	// status.storedVersions after the pass.
 	// +listType=atomic

@@ -98,6 +98,11 @@ func (in *PassSummary) DeepCopyInto(out *PassSummary) {
 	out.ObjectCounts = in.ObjectCounts
 	in.StartTime.DeepCopyInto(&out.StartTime)
 	in.CompletionTime.DeepCopyInto(&out.CompletionTime)
+	if in.ServedVersions != nil {
+		in, out := &in.ServedVersions, &out.ServedVersions
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.PrunedVersions != nil {
 		in, out := &in.PrunedVersions, &out.PrunedVersions
 		*out = make([]string, len(*in))

@@ -8,6 +8,7 @@ package migrator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -382,21 +383,28 @@ func inconsistentContinue(err error) string {
 // only when the pass must stop.
 func (p *pass) rewrite(ctx context.Context, obj metav1.PartialObjectMetadata) error {
 	log := klog.FromContext(ctx)
-	patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q}}`, obj.ResourceVersion)
-	var subresources []string
-	if p.opts.ViaStatus {
-		subresources = []string{"status"}
-	}
-	resource := p.migrator.Metadata.Resource(p.target.Resource)
 	err := p.retryTransient(ctx, func() error {
-		var err error
-		if p.target.Namespaced {
-			_, err = resource.Namespace(obj.Namespace).Patch(ctx, obj.Name, types.MergePatchType, patch, metav1.PatchOptions{}, subresources...)
-		} else {
-			_, err = resource.Patch(ctx, obj.Name, types.MergePatchType, patch, metav1.PatchOptions{}, subresources...)
-		}
-		return err
+		return p.patch(ctx, &obj)
 	})
+	if apierrors.IsConflict(err) && p.staleManagedFields(&obj) {
+		// A write since the list stored the object at the new version, but
+		// it may have left other managers' entries naming the old version:
+		// re-read and clean them up.
+		conflict := err
+		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			fresh, err := p.resource(obj.Namespace).Get(ctx, obj.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !p.staleManagedFields(fresh) {
+				return errNothingToClean
+			}
+			return p.retryTransient(ctx, func() error { return p.patch(ctx, fresh) })
+		})
+		if errors.Is(err, errNothingToClean) {
+			err = conflict // someone else's write did it all: skipped
+		}
+	}
 	switch classify(err) {
 	case migrated:
 		p.migrated.Add(1)
@@ -416,6 +424,65 @@ func (p *pass) rewrite(ctx context.Context, obj metav1.PartialObjectMetadata) er
 		return p.passError("rewriting "+klog.KObj(&obj).String(), err)
 	}
 	return nil
+}
+
+var errNothingToClean = errors.New("managedFields already clean")
+
+// resource is the client for the target in namespace (ignored when cluster-scoped).
+func (p *pass) resource(namespace string) metadata.ResourceInterface {
+	resource := p.migrator.Metadata.Resource(p.target.Resource)
+	if p.target.Namespaced {
+		return resource.Namespace(namespace)
+	}
+	return resource
+}
+
+// staleManagedFields reports whether obj's managedFields name a version of
+// the CRD that it no longer serves.
+func (p *pass) staleManagedFields(obj *metav1.PartialObjectMetadata) bool {
+	_, stale, _ := p.repointedManagedFields(obj)
+	return stale
+}
+
+func (p *pass) repointedManagedFields(obj *metav1.PartialObjectMetadata) ([]metav1.ManagedFieldsEntry, bool, error) {
+	crd := p.target.CRD
+	if crd == nil {
+		return nil, false, nil
+	}
+	return storedversions.RepointManagedFields(obj.ManagedFields, p.target.Resource.Group, crd.ServedVersions, crd.StorageVersion)
+}
+
+// rewritePatch is the merge patch of a rewrite: the resourceVersion read, as
+// a precondition, and managedFields only when they must be re-pointed.
+type rewritePatch struct {
+	Metadata struct {
+		ResourceVersion string                      `json:"resourceVersion"`
+		ManagedFields   []metav1.ManagedFieldsEntry `json:"managedFields,omitempty"`
+	} `json:"metadata"`
+}
+
+// patch writes obj back unchanged, re-pointing stale managedFields. The
+// /status subresource ignores metadata, so a patch that carries
+// managedFields goes to the main resource even with ViaStatus.
+func (p *pass) patch(ctx context.Context, obj *metav1.PartialObjectMetadata) error {
+	var body rewritePatch
+	body.Metadata.ResourceVersion = obj.ResourceVersion
+	managedFields, repoint, err := p.repointedManagedFields(obj)
+	if err != nil {
+		return apierrors.NewBadRequest(err.Error())
+	}
+	var subresources []string
+	if repoint {
+		body.Metadata.ManagedFields = managedFields
+	} else if p.opts.ViaStatus {
+		subresources = []string{"status"}
+	}
+	data, err := json.Marshal(&body)
+	if err != nil {
+		return err
+	}
+	_, err = p.resource(obj.Namespace).Patch(ctx, obj.Name, types.MergePatchType, data, metav1.PatchOptions{}, subresources...)
+	return err
 }
 
 // retryTransient runs fn until it succeeds, fails for a cause that is not
