@@ -77,6 +77,10 @@ envtest-assets: ## Build kube-apiserver and etcd from source for K8S_VERSION (id
 test: envtest-assets ## Run unit and integration tests (real API server and etcd) with -race.
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: bench
+bench: envtest-assets ## Run the benchmarks on the source-built control plane (pass throughput, heap growth).
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test -run '^$$' -bench . -benchtime 3x -count 1 ./internal/migrator/bench/
+
 .PHONY: test-compat
 test-compat: ## Run the integration suite against every K8S_COMPAT_VERSIONS control plane too.
 	@for v in $(K8S_COMPAT_VERSIONS); do \
