@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -139,47 +137,19 @@ func (f fixture) createObjects(t *testing.T, n int, namespaces ...string) []obje
 	for i := range n {
 		keys[i] = objectKey{namespace: namespaces[i%len(namespaces)], name: fmt.Sprintf("obj-%05d", i)}
 	}
-	work := make(chan objectKey)
-	errs := make(chan error, 32)
-	var wg sync.WaitGroup
-	for range 32 {
-		wg.Go(func() {
-			for k := range work {
-				if err := env.Client.Create(ctx, f.object("v1beta1", k.namespace, k.name, map[string]any{"size": int64(1)})); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	for _, k := range keys {
-		select {
-		case work <- k:
-		case err := <-errs:
-			close(work)
-			t.Fatal(err)
-		}
-	}
-	close(work)
-	wg.Wait()
-	select {
-	case err := <-errs:
+	err := env.CreateObjects(ctx, n, func(i int) client.Object {
+		return f.object("v1beta1", keys[i].namespace, keys[i].name, map[string]any{"size": int64(1)})
+	})
+	if err != nil {
 		t.Fatal(err)
-	default:
 	}
 	return keys
 }
 
 func ensureNamespaces(t *testing.T, namespaces ...string) {
 	t.Helper()
-	for _, ns := range namespaces {
-		if ns == "" {
-			continue
-		}
-		err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
+	if err := env.EnsureNamespaces(t.Context(), namespaces...); err != nil {
+		t.Fatal(err)
 	}
 }
 

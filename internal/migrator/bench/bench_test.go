@@ -4,7 +4,6 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"runtime"
 	"runtime/metrics"
@@ -14,14 +13,13 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/restow/restow/internal/migrator"
@@ -151,36 +149,23 @@ func (s *heapSampler) stop() uint64 {
 
 func createObjects(b *testing.B, group string, n int) {
 	b.Helper()
-	ctx := context.Background()
-	for i := range 10 {
-		err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%d", i)}})
-		if err != nil && !strings.Contains(err.Error(), "already exists") {
-			b.Fatal(err)
-		}
+	ctx := b.Context()
+	namespaces := make([]string, 10)
+	for i := range namespaces {
+		namespaces[i] = fmt.Sprintf("bench-%d", i)
+	}
+	if err := env.EnsureNamespaces(ctx, namespaces...); err != nil {
+		b.Fatal(err)
 	}
 	payload := strings.Repeat("x", 1024)
-	work := make(chan int)
-	var wg sync.WaitGroup
-	var failed atomic.Value
-	for range 32 {
-		wg.Go(func() {
-			for i := range work {
-				u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"payload": payload}}}
-				u.SetGroupVersionKind(schema.GroupVersionKind{Group: group, Version: "v1beta1", Kind: "Blob"})
-				u.SetNamespace(fmt.Sprintf("bench-%d", i%10))
-				u.SetName(fmt.Sprintf("blob-%06d", i))
-				if err := env.Client.Create(ctx, u); err != nil {
-					failed.Store(err)
-				}
-			}
-		})
-	}
-	for i := range n {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
+	err := env.CreateObjects(ctx, n, func(i int) client.Object {
+		u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"payload": payload}}}
+		u.SetGroupVersionKind(schema.GroupVersionKind{Group: group, Version: "v1beta1", Kind: "Blob"})
+		u.SetNamespace(namespaces[i%len(namespaces)])
+		u.SetName(fmt.Sprintf("blob-%06d", i))
+		return u
+	})
+	if err != nil {
 		b.Fatal(err)
 	}
 }
