@@ -53,11 +53,14 @@ type runner struct {
 	passes sync.WaitGroup
 	// stalledPasses counts consecutive passes that ended Stalled, for backoff.
 	stalledPasses map[string]int
-	wake          chan event.GenericEvent
+	// waits counts consecutive reconciles that found the API server not yet
+	// storing at the storage version, for backoff.
+	waits map[string]int
+	wake  chan event.GenericEvent
 }
 
 func newRunner() *runner {
-	return &runner{runs: map[string]*run{}, stalledPasses: map[string]int{}, wake: make(chan event.GenericEvent, 64)}
+	return &runner{runs: map[string]*run{}, stalledPasses: map[string]int{}, waits: map[string]int{}, wake: make(chan event.GenericEvent, 64)}
 }
 
 func (r *runner) get(name string) *run {
@@ -136,6 +139,26 @@ func (r *runner) stop(name string) {
 		delete(r.runs, name)
 	}
 	delete(r.stalledPasses, name)
+	delete(r.waits, name)
+}
+
+// waiting records a reconcile that found the API server not yet storing at
+// the storage version and returns how long to wait before looking again:
+// soon at first, since the switch usually takes well under a second, then
+// doubling up to maxDelay.
+func (r *runner) waiting(name string, base, maxDelay time.Duration) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.waits[name]
+	r.waits[name] = n + 1
+	return min(base<<min(n, 16), maxDelay)
+}
+
+// doneWaiting resets the backoff of waiting.
+func (r *runner) doneWaiting(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.waits, name)
 }
 
 // stalled records a pass that ended Stalled and returns how long to wait

@@ -39,9 +39,13 @@ const resourceIndex = "spec.resource"
 
 // Requeue delays.
 const (
-	waitForStorageVersionDelay = time.Second
-	transientRetryDelay        = 5 * time.Second
-	restartDelay               = 100 * time.Millisecond
+	// The API server usually stores at a new storage version within a
+	// fraction of a second of the CRD update; the wait backs off from
+	// waitForStorageVersionBase to waitForStorageVersionMax.
+	waitForStorageVersionBase = 100 * time.Millisecond
+	waitForStorageVersionMax  = 5 * time.Second
+	transientRetryDelay       = 5 * time.Second
+	restartDelay              = 100 * time.Millisecond
 )
 
 // StorageMigrationReconciler keeps each StorageMigration's resource fully
@@ -248,10 +252,13 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	target, err := r.Migrator.Resolve(ctx, gr)
 	var waitErr *migrator.WaitError
 	var stalledErr *migrator.StalledError
+	if !errors.As(err, &waitErr) {
+		r.runs.doneWaiting(sm.Name)
+	}
 	switch {
-	case errors.As(err, &waitErr):
+	case waitErr != nil:
 		sm.Status.ObservedGeneration = sm.Generation
-		return reconciling(waitErr.Reason, waitErr.Message), waitForStorageVersionDelay
+		return reconciling(waitErr.Reason, waitErr.Message), r.runs.waiting(sm.Name, waitForStorageVersionBase, waitForStorageVersionMax)
 	case errors.As(err, &stalledErr):
 		sm.Status.ObservedGeneration = sm.Generation
 		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)

@@ -35,9 +35,16 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, testenv.Options{CRDDirectoryPaths: []string{"../config/crd/bases"}}, &env)
 }
 
-// startManager runs the StorageMigration controller in a manager of its own,
-// with short intervals, until the test ends or stop is called.
+// startManager runs restow's controllers, without the automatic trigger, in
+// a manager of their own with short intervals, until the test ends or stop is
+// called.
 func startManager(t *testing.T, cfg *rest.Config) (stop func()) {
+	t.Helper()
+	return startManagerWith(t, cfg, controllers.Options{})
+}
+
+// startManagerWith is startManager with options; the intervals are the test's.
+func startManagerWith(t *testing.T, cfg *rest.Config, opts controllers.Options) (stop func()) {
 	t.Helper()
 	if cfg == nil {
 		cfg = env.Config
@@ -51,21 +58,11 @@ func startManager(t *testing.T, cfg *rest.Config) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := controllers.NewMigrator(mgr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &controllers.StorageMigrationReconciler{
-		Client:           mgr.GetClient(),
-		Migrator:         m,
-		Recorder:         mgr.GetEventRecorder("restow"),
-		StatusInterval:   200 * time.Millisecond,
-		StalledRetryBase: 500 * time.Millisecond,
-		StalledRetryMax:  2 * time.Second,
-		RetryBackoff:     wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 5, Cap: time.Second},
-	}
+	opts.StatusInterval = 200 * time.Millisecond
+	opts.StalledRetryBase, opts.StalledRetryMax = 500*time.Millisecond, 2*time.Second
+	opts.RetryBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 5, Cap: time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
+	if err := controllers.Setup(ctx, mgr, opts); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

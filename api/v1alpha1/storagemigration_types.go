@@ -10,6 +10,16 @@ import (
 // status.lastHandledReRunToken.
 const ReRunAnnotation = "migration.restow.dev/requested-at"
 
+// AutomaticLabel, set to "true", marks a StorageMigration that restow created
+// by itself for a CRD whose status.storedVersions listed more than its storage
+// version. Such a StorageMigration is named after the CRD and owned by it.
+const AutomaticLabel = "migration.restow.dev/automatic"
+
+// AutoMigrateAnnotation on a CRD, set to "false", opts the CRD out of
+// automatic migration: restow creates no StorageMigration for it by itself.
+// A StorageMigration made by hand still runs.
+const AutoMigrateAnnotation = "migration.restow.dev/auto-migrate"
+
 // StorageMigrationSpec says which resource to keep fully stored at its
 // current storage version, and how to rewrite it.
 // +kubebuilder:validation:XValidation:rule="self.resource == oldSelf.resource",message="spec.resource is immutable"

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -37,6 +38,8 @@ type options struct {
 	statusInterval       time.Duration
 	stalledRetryBase     time.Duration
 	stalledRetryMax      time.Duration
+	autoMigrate          bool
+	autoMigrateSelector  string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -56,6 +59,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
 	fs.DurationVar(&o.statusInterval, "status-interval", 5*time.Second, "How often a running pass writes its progress into status.")
 	fs.DurationVar(&o.stalledRetryBase, "stalled-retry-base", 30*time.Second, "First delay before a Stalled migration is tried again; doubles each time.")
+	fs.BoolVar(&o.autoMigrate, "auto-migrate", true, "Create a StorageMigration for every CRD whose status.storedVersions lists more than its storage version.")
+	fs.StringVar(&o.autoMigrateSelector, "auto-migrate-selector", "", `Label selector limiting automatic migration to the CRDs it matches, e.g. "app.kubernetes.io/part-of=shop"; empty selects every CRD.`)
 	fs.DurationVar(&o.stalledRetryMax, "stalled-retry-max", 30*time.Minute, "Longest delay before a Stalled migration is tried again.")
 }
 
@@ -72,6 +77,10 @@ func run(args []string) error {
 	opts.bindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	selector, err := labels.Parse(opts.autoMigrateSelector)
+	if err != nil {
+		return fmt.Errorf("--auto-migrate-selector: %w", err)
 	}
 	log, err := logging.Setup(opts.logging)
 	if err != nil {
@@ -113,13 +122,18 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	reconciler, err := newReconciler(mgr, opts)
+	ctx := ctrl.SetupSignalHandler()
+	err = controllers.Setup(ctx, mgr, controllers.Options{
+		Concurrency:         opts.concurrency,
+		PageSize:            opts.pageSize,
+		StatusInterval:      opts.statusInterval,
+		StalledRetryBase:    opts.stalledRetryBase,
+		StalledRetryMax:     opts.stalledRetryMax,
+		AutoMigrate:         opts.autoMigrate,
+		AutoMigrateSelector: selector,
+	})
 	if err != nil {
 		return err
-	}
-	ctx := ctrl.SetupSignalHandler()
-	if err := reconciler.SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
@@ -129,22 +143,4 @@ func run(args []string) error {
 	}
 	log.Info("Starting manager")
 	return mgr.Start(ctx)
-}
-
-// newReconciler builds the StorageMigration reconciler from the flags.
-func newReconciler(mgr ctrl.Manager, opts options) (*controllers.StorageMigrationReconciler, error) {
-	m, err := controllers.NewMigrator(mgr)
-	if err != nil {
-		return nil, err
-	}
-	return &controllers.StorageMigrationReconciler{
-		Client:           mgr.GetClient(),
-		Migrator:         m,
-		Recorder:         mgr.GetEventRecorder("restow"),
-		Concurrency:      opts.concurrency,
-		PageSize:         opts.pageSize,
-		StatusInterval:   opts.statusInterval,
-		StalledRetryBase: opts.stalledRetryBase,
-		StalledRetryMax:  opts.stalledRetryMax,
-	}, nil
 }

@@ -1,0 +1,219 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/storedversions"
+)
+
+// AutoMigrationReconciler ensures that a StorageMigration exists for every CRD
+// whose status.storedVersions lists more than its storage version, so that
+// switching a CRD's storage version is enough to get every object re-stored
+// and storedVersions pruned.
+//
+// It only ever creates StorageMigrations named after the CRD, labelled
+// AutomaticLabel and owned by the CRD, and only ever deletes such a
+// StorageMigration when one made by someone else covers the same resource.
+// It never changes a StorageMigration, so it does not fight a GitOps tool.
+type AutoMigrationReconciler struct {
+	Client client.Client
+	// APIReader reads CRDs live: the cache holds their metadata only.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	// Selector limits automatic migration to the CRDs whose labels match;
+	// nil selects every CRD.
+	Selector labels.Selector
+}
+
+// +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations,verbs=get;list;watch;create;delete
+
+// SetupWithManager registers the reconciler. It watches CRDs as metadata only
+// (their schemas can be large) and StorageMigrations being created or
+// deleted, which may change whether a CRD is covered.
+func (r *AutoMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Client == nil || r.APIReader == nil || r.Recorder == nil {
+		return errors.New("AutoMigrationReconciler needs Client, APIReader and Recorder")
+	}
+	if r.Selector == nil {
+		r.Selector = labels.Everything()
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("automigration").
+		For(&apiextensionsv1.CustomResourceDefinition{}, builder.OnlyMetadata, builder.WithPredicates(predicate.NewPredicateFuncs(r.mayMigrate))).
+		Watches(&migrationv1alpha1.StorageMigration{},
+			handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+				return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: crdName(o.(*migrationv1alpha1.StorageMigration))}}}
+			}),
+			builder.WithPredicates(predicate.Funcs{
+				UpdateFunc:  func(event.UpdateEvent) bool { return false },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+			})).
+		Complete(r)
+}
+
+// mayMigrate filters CRD events on metadata, sparing a live read of CRDs that
+// are opted out or not selected. Reconcile decides again on the live object.
+func (r *AutoMigrationReconciler) mayMigrate(o client.Object) bool {
+	return !optedOut(o) && r.Selector.Matches(labels.Set(o.GetLabels()))
+}
+
+func optedOut(o metav1.Object) bool {
+	return o.GetAnnotations()[migrationv1alpha1.AutoMigrateAnnotation] == "false"
+}
+
+// Reconcile reads the CRD live, decides, and creates or retires the
+// automatic StorageMigration.
+func (r *AutoMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := r.APIReader.Get(ctx, req.NamespacedName, crd); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	var all migrationv1alpha1.StorageMigrationList
+	// Read-only use of the cached objects: no copy needed.
+	if err := r.Client.List(ctx, &all, client.UnsafeDisableDeepCopy); err != nil {
+		return ctrl.Result{}, err
+	}
+	var covering []*migrationv1alpha1.StorageMigration
+	for i := range all.Items {
+		if crdName(&all.Items[i]) == crd.Name {
+			covering = append(covering, &all.Items[i])
+		}
+	}
+
+	d := decideAutoMigration(crd, r.Selector, covering)
+	log := ctrl.LoggerFrom(ctx)
+	switch d.action {
+	case autoCreate:
+		return ctrl.Result{}, r.create(ctx, crd)
+	case autoRetire:
+		for _, sm := range d.retire {
+			if err := r.Client.Delete(ctx, sm, client.Preconditions{UID: &sm.UID}); client.IgnoreNotFound(err) != nil {
+				return ctrl.Result{}, err
+			}
+			log.Info("Deleted the automatic StorageMigration: another one covers the resource", "storageMigration", klog.KObj(sm))
+			r.Recorder.Eventf(crd, nil, corev1.EventTypeNormal, "AutomaticMigrationRetired", "AutoMigrate",
+				"Deleted the automatic StorageMigration %s: %s", sm.Name, d.why)
+		}
+	default:
+		log.V(1).Info("No automatic StorageMigration needed", "reason", d.why)
+	}
+	return ctrl.Result{}, nil
+}
+
+// create makes the automatic StorageMigration of crd. If a StorageMigration
+// of that name already exists, it is either this CRD's (the cache had not
+// seen it yet) or another resource's, which the user is told about.
+func (r *AutoMigrationReconciler) create(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) error {
+	sm := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   crd.Name,
+			Labels: map[string]string{migrationv1alpha1.AutomaticLabel: "true"},
+		},
+		Spec: migrationv1alpha1.StorageMigrationSpec{
+			Resource: migrationv1alpha1.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural},
+		},
+	}
+	// A plain owner reference, not a controller one with blockOwnerDeletion:
+	// the garbage collector deletes the StorageMigration with its CRD either
+	// way, and blocking would need update on customresourcedefinitions/finalizers.
+	if err := controllerutil.SetOwnerReference(crd, sm, r.Client.Scheme()); err != nil {
+		return err
+	}
+	err := r.Client.Create(ctx, sm)
+	switch {
+	case err == nil:
+		ctrl.LoggerFrom(ctx).Info("Created the automatic StorageMigration", "storageMigration", klog.KObj(sm),
+			"storedVersions", crd.Status.StoredVersions, "storageVersion", storedversions.StorageVersion(crd))
+		r.Recorder.Eventf(crd, nil, corev1.EventTypeNormal, "AutomaticMigrationCreated", "AutoMigrate",
+			"Created StorageMigration %s: status.storedVersions is %v and the storage version is %s",
+			sm.Name, crd.Status.StoredVersions, storedversions.StorageVersion(crd))
+		return nil
+	case !apierrors.IsAlreadyExists(err):
+		return err
+	}
+	existing := &migrationv1alpha1.StorageMigration{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(sm), existing); err != nil {
+		// Not in the cache yet (or gone again): the next event decides anew.
+		return client.IgnoreNotFound(err)
+	}
+	if crdName(existing) != crd.Name {
+		r.Recorder.Eventf(crd, nil, corev1.EventTypeWarning, "AutomaticMigrationNameTaken", "AutoMigrate",
+			"Cannot create StorageMigration %s: one of that name exists for %s. Create a StorageMigration for this CRD under another name",
+			sm.Name, crdName(existing))
+	}
+	return nil
+}
+
+type autoAction int
+
+const (
+	autoNothing autoAction = iota
+	autoCreate
+	autoRetire
+)
+
+// autoDecision is what the automatic trigger does for one CRD, and why.
+type autoDecision struct {
+	action autoAction
+	why    string
+	// retire holds the automatic StorageMigrations to delete.
+	retire []*migrationv1alpha1.StorageMigration
+}
+
+// decideAutoMigration decides for a CRD read live, given the
+// StorageMigrations whose resource is the CRD's.
+func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector labels.Selector, covering []*migrationv1alpha1.StorageMigration) autoDecision {
+	if !crd.DeletionTimestamp.IsZero() {
+		return autoDecision{why: "the CRD is being deleted"}
+	}
+	var automatic, others []*migrationv1alpha1.StorageMigration
+	for _, sm := range covering {
+		if isAutomaticFor(sm, crd) {
+			automatic = append(automatic, sm)
+		} else {
+			others = append(others, sm)
+		}
+	}
+	switch {
+	case len(others) > 0 && len(automatic) > 0:
+		return autoDecision{action: autoRetire, retire: automatic, why: fmt.Sprintf("StorageMigration %s covers the resource", others[0].Name)}
+	case len(covering) > 0:
+		return autoDecision{why: fmt.Sprintf("StorageMigration %s covers the resource", covering[0].Name)}
+	case optedOut(crd):
+		return autoDecision{why: fmt.Sprintf("the CRD is annotated %s=false", migrationv1alpha1.AutoMigrateAnnotation)}
+	case selector != nil && !selector.Matches(labels.Set(crd.Labels)):
+		return autoDecision{why: "the CRD's labels do not match the automatic migration selector"}
+	case storedversions.StorageVersion(crd) == "":
+		return autoDecision{why: "the CRD has no storage version"}
+	case !storedversions.NeedsMigration(crd):
+		return autoDecision{why: "status.storedVersions lists only the storage version"}
+	}
+	return autoDecision{action: autoCreate, why: fmt.Sprintf("status.storedVersions is %v", crd.Status.StoredVersions)}
+}
+
+// isAutomaticFor tells whether restow created sm for crd by itself: it carries
+// the automatic label and an owner reference to this very CRD.
+func isAutomaticFor(sm *migrationv1alpha1.StorageMigration, crd *apiextensionsv1.CustomResourceDefinition) bool {
+	return sm.Labels[migrationv1alpha1.AutomaticLabel] == "true" &&
+		slices.ContainsFunc(sm.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == crd.UID })
+}

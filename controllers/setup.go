@@ -1,0 +1,69 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// Options configure restow's controllers. cmd/manager fills them from flags;
+// tests from their own needs, so both wire the controllers the same way.
+type Options struct {
+	// Concurrency and PageSize apply when a StorageMigration leaves them unset.
+	Concurrency int
+	PageSize    int64
+	// StatusInterval is how often status is written while a pass runs.
+	StatusInterval time.Duration
+	// StalledRetryBase and StalledRetryMax bound the backoff of Stalled retries.
+	StalledRetryBase, StalledRetryMax time.Duration
+	// RetryBackoff spaces retries of transient errors within a pass; zero
+	// means the migrator's default.
+	RetryBackoff wait.Backoff
+
+	// AutoMigrate runs the automatic trigger: a StorageMigration for every
+	// CRD whose status.storedVersions lists more than its storage version.
+	AutoMigrate bool
+	// AutoMigrateSelector limits the trigger to CRDs whose labels match; nil
+	// selects every CRD.
+	AutoMigrateSelector labels.Selector
+}
+
+// Setup registers restow's controllers with a manager.
+func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
+	m, err := NewMigrator(mgr)
+	if err != nil {
+		return err
+	}
+	recorder := mgr.GetEventRecorder("restow")
+	migrations := &StorageMigrationReconciler{
+		Client:           mgr.GetClient(),
+		Migrator:         m,
+		Recorder:         recorder,
+		Concurrency:      opts.Concurrency,
+		PageSize:         opts.PageSize,
+		StatusInterval:   opts.StatusInterval,
+		StalledRetryBase: opts.StalledRetryBase,
+		StalledRetryMax:  opts.StalledRetryMax,
+		RetryBackoff:     opts.RetryBackoff,
+	}
+	if err := migrations.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
+	}
+	if !opts.AutoMigrate {
+		return nil
+	}
+	auto := &AutoMigrationReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  recorder,
+		Selector:  opts.AutoMigrateSelector,
+	}
+	if err := auto.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up automatic migration: %w", err)
+	}
+	return nil
+}
