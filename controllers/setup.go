@@ -41,6 +41,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	recorder := mgr.GetEventRecorder("restow")
 	migrations := &StorageMigrationReconciler{
 		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
 		Migrator:         m,
 		Recorder:         recorder,
 		Concurrency:      opts.Concurrency,

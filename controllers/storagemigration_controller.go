@@ -51,9 +51,13 @@ const (
 // StorageMigrationReconciler keeps each StorageMigration's resource fully
 // stored at its storage version.
 type StorageMigrationReconciler struct {
-	Client   client.Client
-	Migrator *migrator.Migrator
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader reads each StorageMigration live: whether to start or resume
+	// a pass must not be decided on a cached copy that predates the status
+	// this reconciler wrote last.
+	APIReader client.Reader
+	Migrator  *migrator.Migrator
+	Recorder  events.EventRecorder
 
 	// Concurrency and PageSize apply when a StorageMigration leaves them unset.
 	Concurrency int
@@ -82,8 +86,8 @@ type StorageMigrationReconciler struct {
 // SetupWithManager registers the reconciler and its background runner.
 func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	switch {
-	case r.Client == nil, r.Migrator == nil, r.Recorder == nil:
-		return errors.New("StorageMigrationReconciler needs Client, Migrator and Recorder")
+	case r.Client == nil, r.APIReader == nil, r.Migrator == nil, r.Recorder == nil:
+		return errors.New("StorageMigrationReconciler needs Client, APIReader, Migrator and Recorder")
 	case r.StatusInterval <= 0, r.StalledRetryBase <= 0, r.StalledRetryMax < r.StalledRetryBase:
 		return errors.New("StorageMigrationReconciler needs StatusInterval > 0 and 0 < StalledRetryBase <= StalledRetryMax")
 	}
@@ -122,10 +126,10 @@ func (r *StorageMigrationReconciler) migrationsForCRD(ctx context.Context, crd c
 	return requests
 }
 
-// Reconcile gets the StorageMigration, decides, and patches status once.
+// Reconcile reads the StorageMigration live, decides, and patches status once.
 func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	sm := &migrationv1alpha1.StorageMigration{}
-	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
+	if err := r.APIReader.Get(ctx, req.NamespacedName, sm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.runs.stop(req.Name)
 		}
