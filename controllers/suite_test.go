@@ -63,10 +63,18 @@ func startManagerWith(t *testing.T, cfg *rest.Config, opts controllers.Options) 
 	opts.RetryBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 5, Cap: time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := controllers.Setup(ctx, mgr, opts); err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
+	// Return once the controllers run, so a test's timings start from there.
+	select {
+	case <-mgr.Elected():
+	case err := <-done:
+		cancel()
+		t.Fatalf("manager: %v", err)
+	}
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -86,6 +94,8 @@ type fixture struct {
 	namespaced          bool
 	// conversion, when set, is the CRD's spec.conversion.
 	conversion *apiextensionsv1.CustomResourceConversion
+	// labels and annotations go on the CRD.
+	labels, annotations map[string]string
 }
 
 func (f fixture) crdName() string { return f.plural + "." + f.group }
@@ -103,6 +113,7 @@ func (f fixture) install(t *testing.T, versions ...string) {
 	}
 	crd := testenv.NewCRD(f.group, f.kind, f.plural, scope, vs...)
 	crd.Spec.Conversion = f.conversion
+	crd.Labels, crd.Annotations = f.labels, f.annotations
 	env.InstallCRDForTest(t, crd)
 }
 
@@ -196,13 +207,15 @@ func (f fixture) createMigration(t *testing.T, mutate func(*migrationv1alpha1.St
 	return sm
 }
 
-// waitFor polls the StorageMigration until done says so, and returns it.
+// waitFor polls the StorageMigration until it exists and done says so, and
+// returns it.
 func waitFor(t *testing.T, name string, timeout time.Duration, what string, done func(*migrationv1alpha1.StorageMigration) bool) *migrationv1alpha1.StorageMigration {
 	t.Helper()
 	sm := &migrationv1alpha1.StorageMigration{}
 	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
-			return false, err
+			// It may not exist yet: the automatic trigger creates it.
+			return false, client.IgnoreNotFound(err)
 		}
 		return done(sm), nil
 	})

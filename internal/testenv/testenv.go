@@ -22,8 +22,10 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/logging"
 )
 
 // Options configure the control plane.
@@ -48,7 +50,18 @@ type Env struct {
 
 // Main starts one control plane for a package's tests, stores it in *env, runs
 // them and exits. Call it from TestMain.
+//
+// RESTOW_TEST_LOG_LEVEL (debug, info, or a number) sends the logs of the
+// controllers under test to stderr, for debugging.
 func Main(m *testing.M, opts Options, env **Env) {
+	if level := os.Getenv("RESTOW_TEST_LOG_LEVEL"); level != "" {
+		log, err := logging.New(logging.Options{Level: level, Encoding: "console"})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: RESTOW_TEST_LOG_LEVEL: %v\n", err)
+			os.Exit(1)
+		}
+		ctrllog.SetLogger(log)
+	}
 	started, err := Start(opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
