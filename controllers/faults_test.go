@@ -84,7 +84,7 @@ func TestAdmissionDenialStallsWithoutPruning(t *testing.T) {
 	if len(sm.Status.FailedObjects) != 1 || sm.Status.FailedObjects[0].Name != denied || sm.Status.FailedObjects[0].Namespace != "vap" {
 		t.Fatalf("failedObjects = %+v, want only vap/%s", sm.Status.FailedObjects, denied)
 	}
-	assertKstatus(t, sm, kstatus.FailedStatus)
+	assertHealth(t, sm, kstatus.FailedStatus)
 	if msg := sm.Status.FailedObjects[0].Message; !strings.Contains(msg, "this object is frozen") {
 		t.Errorf("failedObjects[0].message = %q, want the policy's message", msg)
 	}
@@ -106,7 +106,7 @@ func TestAdmissionDenialStallsWithoutPruning(t *testing.T) {
 		}
 	}
 	sm = waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
-	assertKstatus(t, sm, kstatus.CurrentStatus)
+	assertHealth(t, sm, kstatus.CurrentStatus)
 	f.assertStored(t, "v1", 200)
 	f.assertStoredVersions(t, "v1")
 	if len(sm.Status.FailedObjects) != 0 {
@@ -219,7 +219,7 @@ func TestResumeFromContinueToken(t *testing.T) {
 	sm = waitFor(t, sm.Name, time.Minute, "part-way", func(sm *migrationv1alpha1.StorageMigration) bool {
 		return sm.Status.Progress != nil && sm.Status.Progress.ContinueToken != "" && sm.Status.Progress.Migrated >= 500
 	})
-	assertKstatus(t, sm, kstatus.InProgressStatus)
+	assertHealth(t, sm, kstatus.InProgressStatus)
 	stop()
 	// Read what the stopped manager persisted last.
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(sm), sm); err != nil {

@@ -33,7 +33,7 @@ func TestNamespacedCRD(t *testing.T) {
 	startManager(t, nil)
 	sm := f.createMigration(t, nil)
 	sm = waitFor(t, sm.Name, 2*time.Minute, "Ready", readyAt("v1"))
-	assertKstatus(t, sm, kstatus.CurrentStatus)
+	assertHealth(t, sm, kstatus.CurrentStatus)
 
 	f.assertStored(t, "v1", 2000)
 	f.assertStoredVersions(t, "v1")
@@ -89,7 +89,7 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	startManager(t, nil)
 	sm := f.createMigration(t, nil)
 	sm = waitFor(t, sm.Name, 30*time.Second, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason))
-	assertKstatus(t, sm, kstatus.FailedStatus)
+	assertHealth(t, sm, kstatus.FailedStatus)
 	if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c == nil || c.Status != "False" {
 		t.Errorf("Ready = %+v, want False", c)
 	}

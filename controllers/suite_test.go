@@ -12,12 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -231,25 +229,6 @@ func readyAt(version string) func(*migrationv1alpha1.StorageMigration) bool {
 		return sm.Status.ObservedGeneration == sm.Generation &&
 			meta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
 			sm.Status.LastPass != nil && sm.Status.LastPass.TargetVersion == version
-	}
-}
-
-// assertKstatus checks what kstatus, the library Flux and kubectl wait use,
-// makes of the StorageMigration.
-func assertKstatus(t *testing.T, sm *migrationv1alpha1.StorageMigration, want kstatus.Status) {
-	t.Helper()
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(sm)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &unstructured.Unstructured{Object: obj}
-	u.SetGroupVersionKind(migrationv1alpha1.GroupVersion.WithKind("StorageMigration"))
-	res, err := kstatus.Compute(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Status != want {
-		t.Errorf("kstatus = %s (%s), want %s", res.Status, res.Message, want)
 	}
 }
 
