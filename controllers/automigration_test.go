@@ -8,6 +8,7 @@ import (
 
 	eventsv1 "k8s.io/api/events/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -52,8 +53,9 @@ func (f fixture) migrations(t *testing.T, ctx context.Context) []migrationv1alph
 // covers the fixture's resource.
 func (f fixture) assertOnlyMigration(t *testing.T, name string) {
 	t.Helper()
-	var names []string
-	for _, sm := range f.migrations(t, t.Context()) {
+	sms := f.migrations(t, t.Context())
+	names := make([]string, 0, len(sms))
+	for _, sm := range sms {
 		names = append(names, sm.Name)
 	}
 	if len(names) != 1 || names[0] != name {
@@ -169,10 +171,7 @@ func TestAutoMigrationOnStorageSwitch(t *testing.T) {
 	}
 
 	// The point of it all: the next release can drop v1beta1.
-	err = env.UpdateCRD(t.Context(), f.crdName(), func(crd *apiextensionsv1.CustomResourceDefinition) {
-		crd.Spec.Versions = slices.DeleteFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == "v1beta1" })
-	})
-	if err != nil {
+	if err := f.removeVersion(t, "v1beta1"); err != nil {
 		t.Fatalf("removing v1beta1 after the automatic migration: %v", err)
 	}
 	f.assertStored(t, "v1", 1000)
@@ -314,6 +313,12 @@ func TestAutoMigrationBacklogOnStart(t *testing.T) {
 	}
 	f.deleteMigrationsAtEnd(t)
 	f.assertStored(t, "v1beta1", 500)
+	// Without the migration, the API server refuses to drop v1beta1.
+	err := f.removeVersion(t, "v1beta1")
+	if !apierrors.IsInvalid(err) {
+		t.Fatalf("removing v1beta1 before the migration: %v, want Invalid", err)
+	}
+	t.Logf("Before the migration: %v", err)
 
 	startManagerWith(t, nil, autoOn)
 	sm := waitFor(t, f.crdName(), time.Minute, "Ready", readyAt("v1"))
@@ -322,4 +327,15 @@ func TestAutoMigrationBacklogOnStart(t *testing.T) {
 	if sm.Labels[migrationv1alpha1.AutomaticLabel] != "true" {
 		t.Errorf("labels = %v, want the automatic label", sm.Labels)
 	}
+	if err := f.removeVersion(t, "v1beta1"); err != nil {
+		t.Fatalf("removing v1beta1 after the migration: %v", err)
+	}
+}
+
+// removeVersion removes a version from the CRD's spec.versions.
+func (f fixture) removeVersion(t *testing.T, version string) error {
+	t.Helper()
+	return env.UpdateCRD(t.Context(), f.crdName(), func(crd *apiextensionsv1.CustomResourceDefinition) {
+		crd.Spec.Versions = slices.DeleteFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == version })
+	})
 }

@@ -34,33 +34,33 @@ func argoCDHealth(t *testing.T, sm *migrationv1alpha1.StorageMigration) (status,
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		t.Fatal(err)
 	}
-	L := lua.NewState()
-	defer L.Close()
-	L.SetGlobal("obj", toLua(L, obj))
-	if err := L.DoString(string(script)); err != nil {
+	state := lua.NewState()
+	defer state.Close()
+	state.SetGlobal("obj", toLua(state, obj))
+	if err := state.DoString(string(script)); err != nil {
 		t.Fatalf("%s: %v", argoCDHealthScript, err)
 	}
-	hs, ok := L.Get(-1).(*lua.LTable)
+	hs, ok := state.Get(-1).(*lua.LTable)
 	if !ok {
-		t.Fatalf("%s returned %s, want a table", argoCDHealthScript, L.Get(-1).Type())
+		t.Fatalf("%s returned %s, want a table", argoCDHealthScript, state.Get(-1).Type())
 	}
 	return lua.LVAsString(hs.RawGetString("status")), lua.LVAsString(hs.RawGetString("message"))
 }
 
 // toLua converts decoded JSON to Lua values, as Argo CD hands objects to its
 // health checks: objects and arrays become tables, arrays indexed from 1.
-func toLua(L *lua.LState, v any) lua.LValue {
+func toLua(state *lua.LState, v any) lua.LValue {
 	switch v := v.(type) {
 	case map[string]any:
-		t := L.NewTable()
+		t := state.NewTable()
 		for k, e := range v {
-			t.RawSetString(k, toLua(L, e))
+			t.RawSetString(k, toLua(state, e))
 		}
 		return t
 	case []any:
-		t := L.NewTable()
+		t := state.NewTable()
 		for _, e := range v {
-			t.Append(toLua(L, e))
+			t.Append(toLua(state, e))
 		}
 		return t
 	case string:

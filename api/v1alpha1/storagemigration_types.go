@@ -10,9 +10,10 @@ import (
 // status.lastHandledReRunToken.
 const ReRunAnnotation = "migration.restow.dev/requested-at"
 
-// AutomaticLabel, set to "true", marks a StorageMigration that restow created
-// by itself for a CRD whose status.storedVersions listed more than its storage
-// version. Such a StorageMigration is named after the CRD and owned by it.
+// AutomaticLabel marks, when set to "true", a StorageMigration that restow
+// created by itself for a CRD whose status.storedVersions listed more than its
+// storage version. Such a StorageMigration is named after the CRD and owned
+// by it.
 const AutomaticLabel = "migration.restow.dev/automatic"
 
 // AutoMigrateAnnotation on a CRD, set to "false", opts the CRD out of
