@@ -174,7 +174,17 @@ func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migratio
 		return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(current.target.TargetVersion(), sm.Status.Progress)), r.StatusInterval
 	}
 	r.runs.finish(sm.Name)
-	return r.passEnded(ctx, sm, current, snap)
+	out, requeueAfter := r.passEnded(ctx, sm, current, snap)
+	if reRunRequested(sm) {
+		// A re-run was requested while this pass ran: it asks for a pass
+		// that starts after the request, so start one now.
+		requeueAfter = restartDelay
+	}
+	return out, requeueAfter
+}
+
+func reRunRequested(sm *migrationv1alpha1.StorageMigration) bool {
+	return sm.Annotations[migrationv1alpha1.ReRunAnnotation] != sm.Status.LastHandledReRunToken
 }
 
 // passEnded records how a pass ended and decides what comes next.
@@ -265,6 +275,8 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		return reconciling(waitErr.Reason, waitErr.Message), r.runs.waiting(sm.Name, waitForStorageVersionBase, waitForStorageVersionMax)
 	case errors.As(err, &stalledErr):
 		sm.Status.ObservedGeneration = sm.Generation
+		// A re-run requested now has its answer: it stalled.
+		sm.Status.LastHandledReRunToken = sm.Annotations[migrationv1alpha1.ReRunAnnotation]
 		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
 	case err != nil:
 		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(err)), transientRetryDelay
@@ -289,7 +301,7 @@ func passNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) 
 		return "first pass"
 	case sm.Generation != sm.Status.ObservedGeneration:
 		return "the spec changed"
-	case sm.Annotations[migrationv1alpha1.ReRunAnnotation] != sm.Status.LastHandledReRunToken:
+	case reRunRequested(sm):
 		return "a re-run was requested"
 	case last.TargetVersion != target.TargetVersion():
 		return "the storage version changed"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,16 +14,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/testenv"
+	"github.com/restow/restow/internal/testoperator"
 )
 
 var env *testenv.Env
@@ -41,49 +37,13 @@ func startManager(t *testing.T, cfg *rest.Config) (stop func()) {
 	return startManagerWith(t, cfg, controllers.Options{})
 }
 
-// startManagerWith is startManager with options; the intervals are the test's.
+// startManagerWith is startManager with options.
 func startManagerWith(t *testing.T, cfg *rest.Config, opts controllers.Options) (stop func()) {
 	t.Helper()
 	if cfg == nil {
 		cfg = env.Config
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.StatusInterval = 200 * time.Millisecond
-	opts.StalledRetryBase, opts.StalledRetryMax = 500*time.Millisecond, 2*time.Second
-	opts.RetryBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 5, Cap: time.Second}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := controllers.Setup(ctx, mgr, opts); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	// Return once the controllers run, so a test's timings start from there.
-	select {
-	case <-mgr.Elected():
-	case err := <-done:
-		cancel()
-		t.Fatalf("manager: %v", err)
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("manager: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testoperator.Start(t, cfg, env.Scheme, opts)
 }
 
 // fixture is a test CRD whose storage version the test switches.

@@ -115,7 +115,11 @@ type StorageMigrationStatus struct {
 	// +optional
 	FailedObjects []FailedObject `json:"failedObjects,omitempty"`
 
-	// lastHandledReRunToken is the value of the re-run annotation handled last.
+	// lastHandledReRunToken is the value of the re-run annotation handled last:
+	// it is recorded when a pass starts for it, or when the migration stalls
+	// before a pass could start. A client that set the annotation waits for
+	// this echo, then for Ready or Stalled. A request made while a pass runs
+	// starts another pass once that one ends.
 	// +kubebuilder:validation:MaxLength=256
 	// +optional
 	LastHandledReRunToken string `json:"lastHandledReRunToken,omitempty"`

@@ -137,3 +137,18 @@ func Context(t testing.TB, timeout time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// WriteKubeconfig writes a kubeconfig file for an administrator of the
+// control plane, for clients that take --kubeconfig (kubectl, the plugin, a
+// manager run as a process).
+func (e *Env) WriteKubeconfig(path string) error {
+	user, err := e.environment.AddUser(envtest.User{Name: "restow-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return err
+	}
+	raw, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o600)
+}

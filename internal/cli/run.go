@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/cli-runtime/pkg/printers"
+
+	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/storedversions"
+)
+
+// resolveInterval is how often run looks again while the API server has not
+// switched to the storage version yet.
+const resolveInterval = 250 * time.Millisecond
+
+type runOptions struct {
+	dryRun      bool
+	prune       bool
+	viaStatus   bool
+	concurrency int
+	pageSize    int64
+	timeout     time.Duration
+}
+
+func newRunCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
+	opts := runOptions{}
+	cmd := &cobra.Command{
+		Use:   "run RESOURCE|CRD",
+		Short: "Run one migration pass in-process, without the operator",
+		Long: `run rewrites every object of the resource so the API server stores it at the
+CRD's storage version, with the operator's own engine, then prunes the CRD's
+status.storedVersions. It needs no operator: use it in CI jobs, Helm hooks and
+Argo CD PostSync hooks. It exits 2 if objects could not be rewritten (they are
+listed; nothing is pruned) and 3 on --timeout.`,
+		Example: `  kubectl restow run crontabs.stable.example.com
+  kubectl restow run crontabs --dry-run`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.clients()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if opts.timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, opts.timeout)
+				defer cancel()
+			}
+			err = run(ctx, c, streams, args[0], opts)
+			if errors.Is(err, context.DeadlineExceeded) {
+				return &exitError{code: ExitTimeout, err: err}
+			}
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&opts.dryRun, "dry-run", false, "List and count the objects, write nothing.")
+	cmd.Flags().BoolVar(&opts.prune, "prune-stored-versions", true, "After a pass without failures, trim the CRD's status.storedVersions to the storage version.")
+	cmd.Flags().BoolVar(&opts.viaStatus, "via-status", false, "Rewrite through the /status subresource (steps around admission on the main resource).")
+	cmd.Flags().IntVar(&opts.concurrency, "concurrency", migrator.DefaultConcurrency, "Objects rewritten in parallel.")
+	cmd.Flags().Int64Var(&opts.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page.")
+	cmd.Flags().DurationVar(&opts.timeout, "timeout", 0, "Give up after this long (0: no limit).")
+	return cmd
+}
+
+func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts runOptions) error {
+	if opts.concurrency < 1 || opts.pageSize < 1 {
+		return fmt.Errorf("--concurrency and --page-size must be at least 1")
+	}
+	gr, err := c.resolveResource(arg)
+	if err != nil {
+		return err
+	}
+	target, err := resolveWhenServed(ctx, c, streams, gr)
+	if err != nil {
+		return err
+	}
+	version := target.TargetVersion()
+
+	if opts.dryRun {
+		n, err := c.migrator.CountAll(ctx, target, opts.pageSize)
+		if err != nil {
+			return fmt.Errorf("listing %s: %w", gr, err)
+		}
+		fmt.Fprintf(streams.Out, "Dry run: a pass would rewrite %d objects of %s so they are stored at %s.\n", n, gr, version)
+		if crd := target.CRD; crd != nil && opts.prune && !slices.Equal(crd.StoredVersions, []string{version}) {
+			fmt.Fprintf(streams.Out, "Then status.storedVersions of CRD %s would go from %v to [%s].\n", crd.Name, crd.StoredVersions, version)
+		}
+		return nil
+	}
+
+	total, err := c.migrator.Count(ctx, target)
+	if err != nil {
+		total = -1
+	}
+	bar := newProgress(streams.Out, fmt.Sprintf("Rewriting %s to %s", gr, version), total)
+	start := time.Now()
+	result, err := c.migrator.Rewrite(ctx, target, migrator.Options{
+		Concurrency: opts.concurrency,
+		PageSize:    opts.pageSize,
+		ViaStatus:   opts.viaStatus,
+	}, func(p migrator.Progress) {
+		estimate := int64(-1)
+		if p.RemainingEstimate != nil {
+			estimate = p.Listed + *p.RemainingEstimate
+		}
+		bar.set(processed(p.Counts), estimate)
+	})
+	if err != nil {
+		return fmt.Errorf("the pass stopped: %s", migrator.Message(err))
+	}
+	bar.set(processed(result.Counts), result.Listed)
+	bar.finish()
+	fmt.Fprintf(streams.Out, "%d objects in %s: %d rewritten, %d changed by others meanwhile, %d failed.\n",
+		result.Listed, time.Since(start).Round(time.Millisecond), result.Migrated, result.Skipped, result.Failed)
+
+	if result.Failed > 0 {
+		w := printers.GetNewTabWriter(streams.Out)
+		fmt.Fprintln(w, "NAMESPACE\tNAME\tREASON\tMESSAGE")
+		for _, f := range result.Failures {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", orDash(f.Namespace), f.Name, f.Reason, f.Message)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		return &exitError{code: ExitPending, err: fmt.Errorf("%d objects of %s could not be rewritten to %s (the first %d are listed); nothing was pruned", result.Failed, gr, version, len(result.Failures))}
+	}
+	if target.CRD == nil || !opts.prune {
+		return nil
+	}
+	pruned, err := storedversions.Prune(ctx, c.client, c.client, target.CRD.Name, version, target.CRD.Generation)
+	switch {
+	case errors.Is(err, storedversions.ErrCRDChanged):
+		return fmt.Errorf("CRD %s changed during the pass, so status.storedVersions was not pruned: run again", target.CRD.Name)
+	case err != nil:
+		return fmt.Errorf("pruning status.storedVersions of CRD %s: %w", target.CRD.Name, err)
+	case len(pruned) > 0:
+		fmt.Fprintf(streams.Out, "Removed %v from status.storedVersions of CRD %s.\n", pruned, target.CRD.Name)
+	}
+	return nil
+}
+
+// resolveWhenServed resolves the resource, waiting while the API server has
+// not switched to the CRD's storage version yet.
+func resolveWhenServed(ctx context.Context, c *clients, streams genericiooptions.IOStreams, gr schema.GroupResource) (migrator.Target, error) {
+	var target migrator.Target
+	told := false
+	err := wait.PollUntilContextCancel(ctx, resolveInterval, true, func(ctx context.Context) (bool, error) {
+		var err error
+		target, err = c.migrator.Resolve(ctx, gr)
+		var waitErr *migrator.WaitError
+		var stalledErr *migrator.StalledError
+		switch {
+		case errors.As(err, &waitErr):
+			if !told {
+				fmt.Fprintf(streams.ErrOut, "Waiting: %s\n", waitErr.Message)
+				told = true
+			}
+			return false, nil
+		case errors.As(err, &stalledErr):
+			return false, &exitError{code: ExitPending, err: fmt.Errorf("%s: %s", stalledErr.Reason, stalledErr.Message)}
+		}
+		return err == nil, err
+	})
+	return target, err
+}

@@ -1,0 +1,71 @@
+// Package testoperator runs restow's controllers in-process for tests, wired
+// by controllers.Setup exactly as cmd/manager wires them, with intervals short
+// enough for tests.
+package testoperator
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/restow/restow/controllers"
+)
+
+// Start runs the controllers with opts in a manager of their own until the
+// test ends or stop is called. Intervals opts leaves unset are short. It
+// returns once the manager has started its controllers.
+func Start(t testing.TB, cfg *rest.Config, scheme *runtime.Scheme, opts controllers.Options) (stop func()) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Each test starts a manager of its own with the same controller names.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.StatusInterval == 0 {
+		opts.StatusInterval = 200 * time.Millisecond
+	}
+	if opts.StalledRetryBase == 0 {
+		opts.StalledRetryBase, opts.StalledRetryMax = 500*time.Millisecond, 2*time.Second
+	}
+	if opts.RetryBackoff.Steps == 0 {
+		opts.RetryBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 5, Cap: time.Second}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := controllers.Setup(ctx, mgr, opts); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	select {
+	case <-mgr.Elected():
+	case err := <-done:
+		cancel()
+		t.Fatalf("manager: %v", err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
