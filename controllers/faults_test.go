@@ -11,18 +11,16 @@ import (
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/testenv"
 )
 
 // TestAdmissionDenialStallsWithoutPruning: a ValidatingAdmissionPolicy
@@ -36,44 +34,13 @@ func TestAdmissionDenialStallsWithoutPruning(t *testing.T) {
 	f.createObjects(t, 200, "vap")
 	const denied = "obj-00013"
 
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "deny-" + denied},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-					Rule:       admissionregistrationv1.Rule{APIGroups: []string{f.group}, APIVersions: []string{"*"}, Resources: []string{f.plural}},
-				},
-			}}},
-			Validations: []admissionregistrationv1.Validation{{
-				Expression: fmt.Sprintf("object.metadata.name != '%s'", denied),
-				Message:    "this object is frozen",
-			}},
-		},
-	}
-	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName:        policy.Name,
-			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
-		},
-	}
-	for _, o := range []client.Object{policy, binding} {
-		if err := env.Client.Create(ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Wait until the policy is in force (before the storage switch, so the
-	// probe's own write keeps the object at v1beta1).
-	probe := []byte(`{"metadata":{"labels":{"probe":"x"}}}`)
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := env.Client.Patch(ctx, f.object("v1beta1", "vap", denied, nil), client.RawPatch(types.MergePatchType, probe))
-		return apierrors.IsInvalid(err) || apierrors.IsForbidden(err), nil
-	})
+	// In force before the storage switch, so the probe's own write keeps
+	// the object at v1beta1.
+	allow, err := env.DenyUpdates(ctx, f.object("v1beta1", "vap", denied, nil), f.plural)
 	if err != nil {
-		t.Fatalf("the policy never denied an update: %v", err)
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = allow(context.Background()) })
 	if err := env.SetStorageVersion(ctx, f.crdName(), "v1"); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +52,7 @@ func TestAdmissionDenialStallsWithoutPruning(t *testing.T) {
 		t.Fatalf("failedObjects = %+v, want only vap/%s", sm.Status.FailedObjects, denied)
 	}
 	assertHealth(t, sm, kstatus.FailedStatus)
-	if msg := sm.Status.FailedObjects[0].Message; !strings.Contains(msg, "this object is frozen") {
+	if msg := sm.Status.FailedObjects[0].Message; !strings.Contains(msg, testenv.FrozenMessage) {
 		t.Errorf("failedObjects[0].message = %q, want the policy's message", msg)
 	}
 	counts, err := env.StoredVersions(ctx, f.group, f.plural)
@@ -100,10 +67,8 @@ func TestAdmissionDenialStallsWithoutPruning(t *testing.T) {
 	}
 	f.assertStoredVersions(t, "v1beta1", "v1")
 
-	for _, o := range []client.Object{binding, policy} {
-		if err := env.Client.Delete(ctx, o); err != nil {
-			t.Fatal(err)
-		}
+	if err := allow(ctx); err != nil {
+		t.Fatal(err)
 	}
 	sm = waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
 	assertHealth(t, sm, kstatus.CurrentStatus)

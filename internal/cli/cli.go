@@ -79,6 +79,9 @@ and migrates them: through the restow operator (migrate) or in-process (run).`,
 	return root
 }
 
+// fieldManager names the plugin in managedFields.
+const fieldManager = "kubectl-restow"
+
 // factory builds clients from kubectl's flags.
 type factory struct {
 	flags *genericclioptions.ConfigFlags
@@ -114,6 +117,7 @@ func (f *factory) clients() (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
+	c = client.WithFieldOwner(c, fieldManager)
 	meta, err := metadata.NewForConfig(cfg)
 	if err != nil {
 		return nil, err

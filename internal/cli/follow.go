@@ -19,11 +19,11 @@ const followInterval = 500 * time.Millisecond
 type Outcome int
 
 const (
-	// Waiting: not there yet.
+	// Waiting means it is not over yet.
 	Waiting Outcome = iota
-	// Succeeded: Ready for what was asked.
+	// Succeeded means it is Ready for what was asked.
 	Succeeded
-	// Stalled: it needs a person.
+	// Stalled means it needs a person.
 	Stalled
 )
 

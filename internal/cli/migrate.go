@@ -93,7 +93,11 @@ func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 	sm, outcome, err := Follow(ctx, c.client, name, total, Answered(token), streams.Out)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		return &exitError{code: ExitTimeout, err: fmt.Errorf("timed out waiting for StorageMigration %s: %s", name, describe(sm))}
+		hint := ""
+		if state, _, _ := migrationState(sm); state == statePending {
+			hint = "; is the restow operator running? (`kubectl restow run` needs none)"
+		}
+		return &exitError{code: ExitTimeout, err: fmt.Errorf("timed out waiting for StorageMigration %s: %s%s", name, describe(sm), hint)}
 	case err != nil:
 		return err
 	case outcome == Stalled:

@@ -74,6 +74,8 @@ func status(ctx context.Context, c *clients, streams genericiooptions.IOStreams,
 		for i := range list.Items {
 			list.Items[i].APIVersion = migrationv1alpha1.GroupVersion.String()
 			list.Items[i].Kind = "StorageMigration"
+			// As kubectl get does without --show-managed-fields.
+			list.Items[i].ManagedFields = nil
 		}
 		return printStructured(streams.Out, output, list)
 	}
