@@ -91,8 +91,13 @@ test-compat: ## Run the integration suite against every K8S_COMPAT_VERSIONS cont
 ##@ Build
 
 .PHONY: build
-build: ## Build the manager binary into bin/.
+build: ## Build the manager and the kubectl plugin into bin/.
 	go build -o $(LOCALBIN)/manager ./cmd/manager
+	go build -o $(LOCALBIN)/kubectl-restow ./cmd/kubectl-restow
+
+.PHONY: demo
+demo: envtest-assets ## Run the demo on a throw-away control plane it starts itself (no cluster needed).
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go run ./cmd/demo $(DEMO_ARGS)
 
 .PHONY: run
 run: ## Run the manager against the cluster in KUBECONFIG.

@@ -93,7 +93,11 @@ func Follow(ctx context.Context, c client.Reader, name string, total int64, unti
 		bar.set(processed(p.ObjectCounts), estimate)
 		return false, nil
 	})
-	if bar != nil && outcome == Succeeded && sm.Status.LastPass != nil {
+	if outcome == Succeeded && sm.Status.LastPass != nil {
+		if bar == nil {
+			// The pass ended between two reads.
+			bar = newProgress(out, "Rewriting "+resourceOf(sm)+" to "+sm.Status.LastPass.TargetVersion, total)
+		}
 		bar.set(processed(sm.Status.LastPass.ObjectCounts), sm.Status.LastPass.Listed)
 		bar.finish()
 	}

@@ -114,6 +114,9 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 		bar.set(processed(p.Counts), estimate)
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return fmt.Errorf("the pass stopped: %s", migrator.Message(err))
 	}
 	bar.set(processed(result.Counts), result.Listed)

@@ -1,0 +1,302 @@
+// Package demo is restow's demo: on a throw-away control plane it starts
+// itself, it switches a CRD's storage version with thousands of objects in
+// place, lets the operator migrate them, and proves from etcd that every
+// object was re-stored and the old version can be removed.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/logging"
+	"github.com/restow/restow/internal/testenv"
+)
+
+// The demo CRD.
+const (
+	group   = "stable.example.com"
+	plural  = "crontabs"
+	crdName = plural + "." + group
+)
+
+// Options tune the demo.
+type Options struct {
+	// Objects is how many CronTabs are created.
+	Objects int
+	// CRDDirectory holds restow's CRD (config/crd/bases).
+	CRDDirectory string
+	// Out receives the narration.
+	Out io.Writer
+}
+
+// Run runs the demo. It needs KUBEBUILDER_ASSETS to point at kube-apiserver
+// and etcd (make demo builds them), and tears everything down when it
+// returns, also when ctx is cancelled (Ctrl-C).
+func Run(ctx context.Context, opts Options) (err error) {
+	start := time.Now()
+	out := opts.Out
+	dir, err := os.MkdirTemp("", "restow-demo-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	logPath := filepath.Join(dir, "operator.log")
+	if err := routeLogs(logPath); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(out, "restow demo: %d objects of a CRD whose storage version changes\n", opts.Objects)
+	step(out, 1, "Starting a throw-away control plane: etcd and kube-apiserver, built from source, on 127.0.0.1.")
+	env, err := testenv.Start(testenv.Options{CRDDirectoryPaths: []string{opts.CRDDirectory}})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Fprintln(out, "Stopping the control plane.")
+		err = errors.Join(err, env.Stop())
+	}()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		return err
+	}
+	if disco, err := discovery.NewDiscoveryClientForConfig(env.Config); err == nil {
+		if v, err := disco.ServerVersion(); err == nil {
+			fmt.Fprintf(out, "   kube-apiserver %s is up. While the demo runs, kubectl reaches it with:\n", v.GitVersion)
+		}
+	}
+	fmt.Fprintf(out, "     export KUBECONFIG=%s\n", kubeconfig)
+
+	step(out, 2, "Installing restow's StorageMigration CRD and the demo CRD %s:\n   v1beta1 is its storage version, v1 is served too.", crdName)
+	show := &demoEnv{env: env, out: out}
+	if err := env.InstallCRD(ctx, cronTabCRD()); err != nil {
+		return err
+	}
+
+	namespaces := []string{"team-a", "team-b", "team-c", "team-d", "team-e"}
+	step(out, 3, "Creating %d CronTabs at v1beta1 in %d namespaces.", opts.Objects, len(namespaces))
+	t0 := time.Now()
+	if err := env.EnsureNamespaces(ctx, namespaces...); err != nil {
+		return err
+	}
+	err = env.CreateObjects(ctx, opts.Objects, func(i int) client.Object {
+		return cronTab(namespaces[i%len(namespaces)], fmt.Sprintf("crontab-%05d", i))
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   Created in %s.\n", time.Since(t0).Round(100*time.Millisecond))
+	if err := show.stored(ctx, map[string]int{"v1beta1": opts.Objects}); err != nil {
+		return err
+	}
+
+	step(out, 4, "The next release of the operator that owns %s switches its storage version to v1.", crdName)
+	if err := env.SetStorageVersion(ctx, crdName, "v1"); err != nil {
+		return err
+	}
+	if err := show.storedVersions(ctx); err != nil {
+		return err
+	}
+	if err := show.stored(ctx, map[string]int{"v1beta1": opts.Objects}); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "   The switch rewrote nothing. Removing v1beta1 from the CRD now is refused:")
+	if err := removeVersion(ctx, env, "v1beta1"); err == nil {
+		return errors.New("the API server accepted removing v1beta1 before the migration")
+	} else {
+		fmt.Fprintf(out, "     %s\n", err)
+	}
+
+	step(out, 5, "Starting the restow operator (in-process, automatic migration on; its log: %s).", logPath)
+	stopOperator, err := startOperator(ctx, env)
+	if err != nil {
+		return err
+	}
+	defer stopOperator()
+	sm := &migrationv1alpha1.StorageMigration{}
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKey{Name: crdName}, sm)
+		return err == nil, client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the automatic StorageMigration: %w", err)
+	}
+	fmt.Fprintf(out, "   restow saw status.storedVersions and created StorageMigration %s by itself.\n", sm.Name)
+	sm, outcome, err := cli.Follow(ctx, env.Client, crdName, int64(opts.Objects), cli.ReadyAt("v1"), out)
+	switch {
+	case err != nil:
+		return err
+	case outcome != cli.Succeeded:
+		return fmt.Errorf("StorageMigration %s ended %v: %+v", crdName, outcome, sm.Status.Conditions)
+	}
+	last := sm.Status.LastPass
+	fmt.Fprintf(out, "   StorageMigration %s is Ready: %d objects in %s, %d rewritten, %d changed by others meanwhile; it removed %v from status.storedVersions.\n",
+		sm.Name, last.Listed, last.CompletionTime.Sub(last.StartTime.Time).Round(time.Second), last.Migrated, last.Skipped, last.PrunedVersions)
+
+	step(out, 6, "The proof, read from etcd (an API read converts objects and proves nothing about storage):")
+	if err := show.stored(ctx, map[string]int{"v1": opts.Objects}); err != nil {
+		return err
+	}
+	if err := show.storedVersions(ctx); err != nil {
+		return err
+	}
+
+	step(out, 7, "The release after removes v1beta1 from the CRD.")
+	if err := removeVersion(ctx, env, "v1beta1"); err != nil {
+		return fmt.Errorf("removing v1beta1 after the migration: %w", err)
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetAPIVersion(group + "/v1")
+	list.SetKind("CronTabList")
+	if err := env.Client.List(ctx, list); err != nil {
+		return fmt.Errorf("listing CronTabs at v1: %w", err)
+	}
+	if len(list.Items) != opts.Objects {
+		return fmt.Errorf("the API lists %d CronTabs, want %d", len(list.Items), opts.Objects)
+	}
+	fmt.Fprintf(out, "   Accepted: the CRD now has v1 only, and all %d CronTabs read back through the API.\n", len(list.Items))
+	fmt.Fprintf(out, "\nDone in %s.\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+func step(out io.Writer, n int, format string, args ...any) {
+	fmt.Fprintf(out, "\n%d. %s\n", n, fmt.Sprintf(format, args...))
+}
+
+// routeLogs sends the operator's and client-go's logs to a file, so the
+// narration stays readable.
+func routeLogs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	log, err := logging.NewWithSink(logging.Options{Level: "info", Encoding: "console"}, f)
+	if err != nil {
+		return err
+	}
+	ctrl.SetLogger(log)
+	klog.SetLogger(log)
+	return nil
+}
+
+type demoEnv struct {
+	env *testenv.Env
+	out io.Writer
+}
+
+// stored reads every CronTab from etcd and checks it is stored as want
+// says (versions to counts).
+func (d *demoEnv) stored(ctx context.Context, want map[string]int) error {
+	counts, err := d.env.StoredVersions(ctx, group, plural)
+	if err != nil {
+		return err
+	}
+	for _, v := range []string{"v1beta1", "v1"} {
+		if n := counts[group+"/"+v]; n > 0 {
+			fmt.Fprintf(d.out, "   etcd: %d CronTabs stored at %s/%s.\n", n, group, v)
+		}
+	}
+	for v, n := range want {
+		if counts[group+"/"+v] != n || len(counts) != len(want) {
+			return fmt.Errorf("etcd holds %v, want %d at %s/%s", counts, n, group, v)
+		}
+	}
+	return nil
+}
+
+func (d *demoEnv) storedVersions(ctx context.Context) error {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := d.env.Client.Get(ctx, client.ObjectKey{Name: crdName}, crd); err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "   CRD status.storedVersions: %v\n", crd.Status.StoredVersions)
+	return nil
+}
+
+func removeVersion(ctx context.Context, env *testenv.Env, version string) error {
+	return env.UpdateCRD(ctx, crdName, func(crd *apiextensionsv1.CustomResourceDefinition) {
+		crd.Spec.Versions = slices.DeleteFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == version })
+	})
+}
+
+// startOperator runs restow's controllers as cmd/manager wires them, with
+// status written every second so the progress moves along.
+func startOperator(ctx context.Context, env *testenv.Env) (stop func(), err error) {
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Logger:                 ctrl.Log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	err = controllers.Setup(ctx, mgr, controllers.Options{
+		StatusInterval:   time.Second,
+		StalledRetryBase: 5 * time.Second,
+		StalledRetryMax:  time.Minute,
+		AutoMigrate:      true,
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			ctrl.Log.Error(err, "Operator stopped")
+		}
+	}, nil
+}
+
+func cronTabCRD() *apiextensionsv1.CustomResourceDefinition {
+	schema := &apiextensionsv1.JSONSchemaProps{
+		Type: "object",
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"spec": {
+				Type: "object",
+				Properties: map[string]apiextensionsv1.JSONSchemaProps{
+					"cronSpec": {Type: "string"},
+					"image":    {Type: "string"},
+					"replicas": {Type: "integer"},
+				},
+			},
+		},
+	}
+	crd := testenv.NewCRD(group, "CronTab", plural, apiextensionsv1.NamespaceScoped,
+		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true, Schema: schema},
+		testenv.CRDVersion{Name: "v1", Served: true, Schema: schema})
+	crd.Spec.Names.ShortNames = []string{"ct"}
+	return crd
+}
+
+func cronTab(namespace, name string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"spec": map[string]any{"cronSpec": "*/5 * * * *", "image": "registry.example.com/report:1.4", "replicas": int64(1)},
+	}}
+	u.SetAPIVersion(group + "/v1beta1")
+	u.SetKind("CronTab")
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	return u
+}
