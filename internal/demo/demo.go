@@ -118,11 +118,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	fmt.Fprintln(out, "   The switch rewrote nothing. Removing v1beta1 from the CRD now is refused:")
-	if err := removeVersion(ctx, env, "v1beta1"); err == nil {
+	refused := removeVersion(ctx, env, "v1beta1")
+	if refused == nil {
 		return errors.New("the API server accepted removing v1beta1 before the migration")
-	} else {
-		fmt.Fprintf(out, "     %s\n", err)
 	}
+	fmt.Fprintf(out, "     %s\n", refused)
 
 	step(out, 5, "Starting the restow operator (in-process, automatic migration on; its log: %s).", logPath)
 	stopOperator, err := startOperator(ctx, env)
