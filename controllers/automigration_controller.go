@@ -107,7 +107,9 @@ func (r *AutoMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		return ctrl.Result{}, r.create(ctx, crd)
 	case autoRetire:
 		for _, sm := range d.retire {
-			if err := r.Client.Delete(ctx, sm, client.Preconditions{UID: &sm.UID}); client.IgnoreNotFound(err) != nil {
+			// A fresh object: sm belongs to the cache and must not be handed to a write.
+			retired := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: sm.Name}}
+			if err := r.Client.Delete(ctx, retired, client.Preconditions{UID: &sm.UID}); client.IgnoreNotFound(err) != nil {
 				return ctrl.Result{}, err
 			}
 			log.Info("Deleted the automatic StorageMigration: another one covers the resource", "storageMigration", klog.KObj(sm))

@@ -147,11 +147,7 @@ func (r *runner) stop(name string) {
 // soon at first, since the switch usually takes well under a second, then
 // doubling up to maxDelay.
 func (r *runner) waiting(name string, base, maxDelay time.Duration) time.Duration {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := r.waits[name]
-	r.waits[name] = n + 1
-	return min(base<<min(n, 16), maxDelay)
+	return r.backoff(r.waits, name, base, maxDelay)
 }
 
 // doneWaiting resets the backoff of waiting.
@@ -164,12 +160,17 @@ func (r *runner) doneWaiting(name string) {
 // stalled records a pass that ended Stalled and returns how long to wait
 // before the next: doubling from base up to maxDelay.
 func (r *runner) stalled(name string, base, maxDelay time.Duration) time.Duration {
+	return r.backoff(r.stalledPasses, name, base, maxDelay)
+}
+
+// backoff counts one more attempt of name in attempts and returns base
+// doubled once per earlier attempt, up to maxDelay.
+func (r *runner) backoff(attempts map[string]int, name string, base, maxDelay time.Duration) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := r.stalledPasses[name]
-	r.stalledPasses[name] = n + 1
-	delay := base << min(n, 16)
-	return min(delay, maxDelay)
+	n := attempts[name]
+	attempts[name] = n + 1
+	return min(base<<min(n, 16), maxDelay)
 }
 
 func (r *runner) succeeded(name string) {

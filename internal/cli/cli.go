@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -168,6 +169,14 @@ func (c *clients) migrationsFor(ctx context.Context, gr schema.GroupResource) ([
 		}
 	}
 	return covering, nil
+}
+
+// withTimeout bounds ctx by timeout, if it is positive.
+func withTimeout(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, timeout)
 }
 
 // errNotInstalled: the cluster has no StorageMigration API.

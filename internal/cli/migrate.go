@@ -36,12 +36,8 @@ it follows the pass with a progress bar until the StorageMigration is Ready
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			if timeout > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, timeout)
-				defer cancel()
-			}
+			ctx, cancel := withTimeout(cmd.Context(), timeout)
+			defer cancel()
 			return migrate(ctx, c, streams, args[0], waitFor)
 		},
 	}

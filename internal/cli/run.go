@@ -48,12 +48,8 @@ listed; nothing is pruned) and 3 on --timeout.`,
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			if opts.timeout > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, opts.timeout)
-				defer cancel()
-			}
+			ctx, cancel := withTimeout(cmd.Context(), opts.timeout)
+			defer cancel()
 			err = run(ctx, c, streams, args[0], opts)
 			if errors.Is(err, context.DeadlineExceeded) {
 				return &exitError{code: ExitTimeout, err: err}

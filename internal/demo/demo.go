@@ -21,13 +21,13 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/cli"
 	"github.com/restow/restow/internal/logging"
 	"github.com/restow/restow/internal/testenv"
+	"github.com/restow/restow/internal/testoperator"
 )
 
 // The demo CRD.
@@ -125,11 +125,17 @@ func Run(ctx context.Context, opts Options) (err error) {
 	fmt.Fprintf(out, "     %s\n", refused)
 
 	step(out, 5, "Starting the restow operator (in-process, automatic migration on; its log: %s).", logPath)
-	stopOperator, err := startOperator(ctx, env)
+	// Status every second, so the progress moves along.
+	stopOperator, err := testoperator.Run(ctx, env.Config, env.Scheme, controllers.Options{
+		StatusInterval:   time.Second,
+		StalledRetryBase: 5 * time.Second,
+		StalledRetryMax:  time.Minute,
+		AutoMigrate:      true,
+	})
 	if err != nil {
 		return err
 	}
-	defer stopOperator()
+	defer func() { err = errors.Join(err, stopOperator()) }()
 	sm := &migrationv1alpha1.StorageMigration{}
 	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKey{Name: crdName}, sm)
@@ -234,39 +240,6 @@ func removeVersion(ctx context.Context, env *testenv.Env, version string) error 
 	return env.UpdateCRD(ctx, crdName, func(crd *apiextensionsv1.CustomResourceDefinition) {
 		crd.Spec.Versions = slices.DeleteFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == version })
 	})
-}
-
-// startOperator runs restow's controllers as cmd/manager wires them, with
-// status written every second so the progress moves along.
-func startOperator(ctx context.Context, env *testenv.Env) (stop func(), err error) {
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Logger:                 ctrl.Log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	err = controllers.Setup(ctx, mgr, controllers.Options{
-		StatusInterval:   time.Second,
-		StalledRetryBase: 5 * time.Second,
-		StalledRetryMax:  time.Minute,
-		AutoMigrate:      true,
-	})
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	return func() {
-		cancel()
-		if err := <-done; err != nil {
-			ctrl.Log.Error(err, "Operator stopped")
-		}
-	}, nil
 }
 
 func cronTabCRD() *apiextensionsv1.CustomResourceDefinition {

@@ -1,10 +1,11 @@
-// Package testoperator runs restow's controllers in-process for tests, wired
-// by controllers.Setup exactly as cmd/manager wires them, with intervals short
-// enough for tests.
+// Package testoperator runs restow's controllers in-process, wired by
+// controllers.Setup exactly as cmd/manager wires them: for tests, with
+// intervals short enough for them, and for the demo.
 package testoperator
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -25,16 +26,6 @@ import (
 // returns once the manager has started its controllers.
 func Start(t testing.TB, cfg *rest.Config, scheme *runtime.Scheme, opts controllers.Options) (stop func()) {
 	t.Helper()
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		// Each test starts a manager of its own with the same controller names.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if opts.StatusInterval == 0 {
 		opts.StatusInterval = 200 * time.Millisecond
 	}
@@ -44,10 +35,41 @@ func Start(t testing.TB, cfg *rest.Config, scheme *runtime.Scheme, opts controll
 	if opts.RetryBackoff.Steps == 0 {
 		opts.RetryBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 5, Cap: time.Second}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	stopManager, err := Run(context.Background(), cfg, scheme, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			if err := stopManager(); err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// Run runs the controllers with opts in a manager of their own, without
+// metrics or probes, until ctx ends or stop is called; stop waits for the
+// manager and returns its error. Run returns once the manager has started
+// its controllers.
+func Run(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts controllers.Options) (stop func() error, err error) {
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Tests start a manager of their own each, with the same controller names.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
 	if err := controllers.Setup(ctx, mgr, opts); err != nil {
 		cancel()
-		t.Fatal(err)
+		return nil, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
@@ -55,17 +77,10 @@ func Start(t testing.TB, cfg *rest.Config, scheme *runtime.Scheme, opts controll
 	case <-mgr.Elected():
 	case err := <-done:
 		cancel()
-		t.Fatalf("manager: %v", err)
+		return nil, fmt.Errorf("manager: %w", err)
 	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("manager: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return func() error {
+		cancel()
+		return <-done
+	}, nil
 }
