@@ -16,11 +16,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/testenv"
@@ -50,23 +46,7 @@ func benchmarkPass(b *testing.B, n int) {
 	env.InstallCRDForTest(b, crd)
 	createObjects(b, group, n)
 
-	meta, err := metadata.NewForConfig(env.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
-	disco, err := discovery.NewDiscoveryClientForConfig(env.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
-	hc, err := rest.HTTPClientFor(env.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
-	mapper, err := apiutil.NewDynamicRESTMapper(env.Config, hc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m := &migrator.Migrator{Client: env.Client, Reader: env.Client, Metadata: meta, Discovery: disco, Mapper: mapper}
+	m := newClients(b).migrator
 
 	versions := []string{"v1", "v1beta1"}
 	var peakGrowth uint64
