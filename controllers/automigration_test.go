@@ -145,9 +145,7 @@ func TestAutoMigrationOnStorageSwitch(t *testing.T) {
 	}
 
 	switched := time.Now()
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 	sm := waitFor(t, f.crdName(), 2*time.Minute, "Ready", readyAt("v1"))
 	reaction := firstPassStart(t, sm.Name).Sub(switched)
 	t.Logf("From the CRD update to the pass starting: %v", reaction)
@@ -195,9 +193,7 @@ func TestAutoMigrationOptOut(t *testing.T) {
 		stop := startManagerWith(t, nil, controllers.Options{AutoMigrate: true, AutoMigrateSelector: labels.SelectorFromSet(labels.Set{"restow.dev/migrate": "yes"})})
 		defer stop()
 		for _, f := range []fixture{witness, annotated, unselected} {
-			if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-				t.Fatal(err)
-			}
+			f.switchStorage(t, "v1")
 		}
 		waitFor(t, witness.crdName(), time.Minute, "Ready", readyAt("v1"))
 		witness.assertStored(t, "v1", 20)
@@ -246,9 +242,7 @@ func TestAutoMigrationDefersToUserMigration(t *testing.T) {
 	t.Run("made before the switch", func(t *testing.T) {
 		mine := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) { sm.Name = "gizmos-by-hand" })
 		waitFor(t, mine.Name, time.Minute, "Ready", readyAt("v1beta1"))
-		if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-			t.Fatal(err)
-		}
+		f.switchStorage(t, "v1")
 		waitFor(t, mine.Name, time.Minute, "Ready", readyAt("v1"))
 		f.assertStored(t, "v1", 300)
 		f.assertStoredVersions(t, "v1")
@@ -259,9 +253,7 @@ func TestAutoMigrationDefersToUserMigration(t *testing.T) {
 	})
 
 	t.Run("made after the automatic one", func(t *testing.T) {
-		if err := env.SetStorageVersion(t.Context(), f.crdName(), "v2"); err != nil {
-			t.Fatal(err)
-		}
+		f.switchStorage(t, "v2")
 		waitFor(t, f.crdName(), time.Minute, "created", func(*migrationv1alpha1.StorageMigration) bool { return true })
 		mine := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) { sm.Name = "gizmos-from-git" })
 		err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -287,15 +279,11 @@ func TestAutoMigrationTwoSwitches(t *testing.T) {
 	f.deleteMigrationsAtEnd(t)
 	startManagerWith(t, nil, autoOn)
 
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 	waitFor(t, f.crdName(), time.Minute, "started", func(sm *migrationv1alpha1.StorageMigration) bool {
 		return sm.Status.TargetVersion == "v1"
 	})
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v2"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v2")
 	sm := waitFor(t, f.crdName(), 2*time.Minute, "Ready", readyAt("v2"))
 	f.assertStored(t, "v2", 1000)
 	f.assertStoredVersions(t, "v2")
@@ -308,9 +296,7 @@ func TestAutoMigrationBacklogOnStart(t *testing.T) {
 	f := fixture{group: "backlog.auto.restow.dev", kind: "Cog", plural: "cogs"}
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 500)
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 	f.deleteMigrationsAtEnd(t)
 	f.assertStored(t, "v1beta1", 500)
 	// Without the migration, the API server refuses to drop v1beta1.

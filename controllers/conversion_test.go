@@ -46,9 +46,7 @@ func conversionFixture(t *testing.T, group string, n int) (fixture, []objectKey,
 			t.Fatal(err)
 		}
 	}
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 	f.assertStored(t, "v1beta1", n)
 	return f, keys, webhook
 }

@@ -41,9 +41,7 @@ func TestAdmissionDenialStallsWithoutPruning(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = allow(context.Background()) })
-	if err := env.SetStorageVersion(ctx, f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 
 	startManager(t, nil)
 	sm := f.createMigration(t, nil)
@@ -87,9 +85,7 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 	f := fixture{group: "writers.controllers.restow.dev", kind: "Doohickey", plural: "doohickeys", namespaced: true}
 	f.install(t, "v1beta1", "v1")
 	keys := f.createObjects(t, 1500, "w-0", "w-1", "w-2")
-	if err := env.SetStorageVersion(ctx, f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 
 	// Each writer owns a disjoint slice of the objects, so "last write" is defined.
 	const writers = 4
@@ -172,9 +168,7 @@ func TestResumeFromContinueToken(t *testing.T) {
 	f.install(t, "v1beta1", "v1")
 	const total = 2000
 	f.createObjects(t, total, "r-0", "r-1")
-	if err := env.SetStorageVersion(ctx, f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 
 	stop := startManager(t, nil)
 	sm := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) {
@@ -231,9 +225,7 @@ func TestStorageVersionChangesMidPass(t *testing.T) {
 	f.install(t, "v1beta1", "v1", "v2")
 	const total = 1500
 	f.createObjects(t, total, "t-0")
-	if err := env.SetStorageVersion(ctx, f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 
 	startManager(t, nil)
 	sm := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) {
@@ -243,9 +235,7 @@ func TestStorageVersionChangesMidPass(t *testing.T) {
 	waitFor(t, sm.Name, time.Minute, "part-way", func(sm *migrationv1alpha1.StorageMigration) bool {
 		return sm.Status.Progress != nil && sm.Status.Progress.Migrated >= 100
 	})
-	if err := env.SetStorageVersion(ctx, f.crdName(), "v2"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v2")
 	// storedVersions must never be pruned to [v1] now that v2 is the storage version.
 	prunedToStale := make(chan []string, 1)
 	watchCtx, stopWatch := context.WithCancel(ctx)

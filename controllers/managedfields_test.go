@@ -98,9 +98,7 @@ func TestManagedFieldsCleanup(t *testing.T) {
 		if errs := fx.applyBoth(t, "v1beta1", 1, 2); len(errs) > 0 {
 			t.Fatal(errs[0])
 		}
-		if err := env.SetStorageVersion(ctx, fx.crdName(), "v1"); err != nil {
-			t.Fatal(err)
-		}
+		fx.switchStorage(t, "v1")
 	}
 
 	// The documented manual procedure on the control CRD: rewrite every

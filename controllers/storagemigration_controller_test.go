@@ -24,9 +24,7 @@ func TestNamespacedCRD(t *testing.T) {
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 2000, tenNamespaces...)
 	f.assertStored(t, "v1beta1", 2000)
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 	f.assertStored(t, "v1beta1", 2000)
 	f.assertStoredVersions(t, "v1beta1", "v1")
 
@@ -69,9 +67,7 @@ func TestClusterScopedCRD(t *testing.T) {
 	f := fixture{group: "cluster.controllers.restow.dev", kind: "Gadget", plural: "gadgets"}
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 500)
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 	f.assertStored(t, "v1beta1", 500)
 
 	startManager(t, nil)
@@ -96,9 +92,7 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 20)
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	f.switchStorage(t, "v1")
 	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
 	f.assertStored(t, "v1", 20)
 	f.assertStoredVersions(t, "v1")

@@ -75,6 +75,15 @@ func (f fixture) install(t *testing.T, versions ...string) {
 	env.InstallCRDForTest(t, crd)
 }
 
+// switchStorage makes version the CRD's storage version and waits until the
+// API server stores new writes at it.
+func (f fixture) switchStorage(t *testing.T, version string) {
+	t.Helper()
+	if err := env.SetStorageVersion(t.Context(), f.crdName(), version); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (f fixture) gvk(version string) schema.GroupVersionKind {
 	return schema.GroupVersionKind{Group: f.group, Version: version, Kind: f.kind}
 }
