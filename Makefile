@@ -77,9 +77,15 @@ envtest-assets: ## Build kube-apiserver and etcd from source for K8S_VERSION (id
 test: envtest-assets ## Run unit and integration tests (real API server and etcd) with -race.
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test $(GO_TEST_FLAGS) ./...
 
+# Object counts and where the figures, tables and plots go (docs/bench/).
+RESTOW_BENCH_SIZES ?= 1000,10000,50000
+RESTOW_BENCH_OUT ?= $(CURDIR)/docs/bench
+BENCH_FLAGS ?= -benchtime 1x -timeout 3h
+
 .PHONY: bench
-bench: envtest-assets ## Run the benchmarks on the source-built control plane (pass throughput, heap growth).
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test -run '^$$' -bench . -benchtime 3x -count 1 ./internal/migrator/bench/
+bench: envtest-assets ## Run the benchmarks on the source-built control plane, writing docs/bench/ (about 30 minutes).
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_BENCH_SIZES=$(RESTOW_BENCH_SIZES) RESTOW_BENCH_OUT=$(RESTOW_BENCH_OUT) \
+	  go test -run '^$$' -bench . $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
 
 .PHONY: test-compat
 test-compat: ## Run the integration suite against every K8S_COMPAT_VERSIONS control plane too.

@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -25,6 +27,7 @@ import (
 
 type options struct {
 	logging              logging.Options
+	kubeconfig           string
 	metricsAddr          string
 	secureMetrics        bool
 	enableHTTP2          bool
@@ -44,6 +47,7 @@ type options struct {
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.logging.BindFlags(fs)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig file to reach the API server with; empty uses $KUBECONFIG, then the in-cluster service account.")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", `Address of the metrics endpoint; "0" turns it off.`)
 	fs.BoolVar(&o.secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS, for authenticated and authorized clients only.")
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve metrics over HTTP/2 too (off: HTTP/2 Rapid Reset and Stream Cancellation, CVE-2023-44487 and CVE-2023-39325).")
@@ -51,10 +55,12 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader so only one replica migrates at a time.")
 	fs.StringVar(&o.leaderElectNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the pod's namespace.")
 	// Rewriting objects in bulk needs more than client-go's 5/10 or
-	// controller-runtime's 20/30; the API server's priority and fairness
-	// still protects itself (see docs/operations.md).
-	fs.Float64Var(&o.qps, "kube-api-qps", 200, "Client-side rate limit on requests to the API server, per second.")
-	fs.IntVar(&o.burst, "kube-api-burst", 400, "Client-side burst of requests to the API server.")
+	// controller-runtime's 20/30. 1000/2000 is a safety net against a
+	// runaway loop, above what one API server takes (docs/benchmarks.md:
+	// 200/s held the operator to 0.39x the API server's pace); API Priority
+	// and Fairness does the throttling (config/flowcontrol).
+	fs.Float64Var(&o.qps, "kube-api-qps", 1000, "Client-side rate limit on requests to the API server, per second.")
+	fs.IntVar(&o.burst, "kube-api-burst", 2000, "Client-side burst of requests to the API server.")
 	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency.")
 	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
 	fs.DurationVar(&o.statusInterval, "status-interval", 5*time.Second, "How often a running pass writes its progress into status.")
@@ -69,6 +75,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
+}
+
+// loadConfig reads the kubeconfig file named by --kubeconfig, or finds one
+// the usual way: $KUBECONFIG, in-cluster, ~/.kube/config.
+func loadConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return ctrl.GetConfig()
 }
 
 func run(args []string) error {
@@ -95,7 +110,7 @@ func run(args []string) error {
 		}
 	}
 
-	cfg, err := ctrl.GetConfig()
+	cfg, err := loadConfig(opts.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -33,6 +34,9 @@ type Options struct {
 	// CRDDirectoryPaths are directories or files of CRDs installed at start,
 	// such as config/crd/bases.
 	CRDDirectoryPaths []string
+	// AfterRun, if set, runs after the package's tests and benchmarks, while
+	// the control plane is still up; an error fails the run.
+	AfterRun func() error
 }
 
 // Env is a running control plane.
@@ -61,6 +65,10 @@ func Main(m *testing.M, opts Options, env **Env) {
 			os.Exit(1)
 		}
 		ctrllog.SetLogger(log)
+	} else {
+		// Without it, controller-runtime prints a stack trace after 30 s
+		// to say no logger was set.
+		ctrllog.SetLogger(logr.Discard())
 	}
 	started, err := Start(opts)
 	if err != nil {
@@ -69,6 +77,12 @@ func Main(m *testing.M, opts Options, env **Env) {
 	}
 	*env = started
 	code := m.Run()
+	if opts.AfterRun != nil {
+		if err := opts.AfterRun(); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+			code = 1
+		}
+	}
 	if err := started.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: stopping the control plane: %v\n", err)
 		if code == 0 {

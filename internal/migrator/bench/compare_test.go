@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,22 +20,27 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/testenv"
+	"github.com/restow/restow/internal/testmanager"
 )
 
 // sizes are the object counts BenchmarkCompare runs at:
-// RESTOW_BENCH_SIZES (comma-separated), by default 1,000 and 10,000.
+// RESTOW_BENCH_SIZES (comma-separated), by default 1,000, 10,000 and 50,000.
 func sizes(b *testing.B) []int {
 	spec := os.Getenv("RESTOW_BENCH_SIZES")
 	if spec == "" {
-		return []int{1000, 10000}
+		return []int{1000, 10000, 50000}
 	}
 	var out []int
 	for _, s := range strings.Split(spec, ",") {
@@ -46,41 +53,67 @@ func sizes(b *testing.B) []int {
 	return out
 }
 
+// sweepObjects is the object count at which the concurrency and page-size
+// sweeps run; the other sizes run the main comparison only.
+const sweepObjects = 10000
+
 // strategy is one way to rewrite every object of a resource.
 type strategy struct {
 	name string
 	// noop runs over objects already stored at the storage version.
 	noop bool
-	pass func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error
+	// sweep strategies run at sweepObjects only.
+	sweep bool
+	// series and concurrency place the strategy in the plot of objects/s
+	// against concurrency; an empty series leaves it out.
+	series      string
+	concurrency int
+	pass        func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error
+	// operator, when not nil, runs cmd/manager as a process with these
+	// extra flags and times its automatic migration instead of pass.
+	operator []string
 }
 
 func strategies() []strategy {
-	restow := func(concurrency int) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
+	restow := func(opts migrator.Options) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 		return func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 			target, err := c.migrator.Resolve(ctx, gvr.GroupResource())
 			if err != nil {
 				return err
 			}
-			result, err := c.migrator.Rewrite(ctx, target, migrator.Options{Concurrency: concurrency}, nil)
+			result, err := c.migrator.Rewrite(ctx, target, opts, nil)
 			if err == nil && result.Failed > 0 {
 				err = fmt.Errorf("%d objects failed: %+v", result.Failed, result.Failures)
 			}
 			return err
 		}
 	}
-	return []strategy{
-		{name: "restow", pass: restow(0)},
-		{name: "restow-c32", pass: restow(32)},
-		{name: "restow-c64", pass: restow(64)},
-		{name: "restow-noop", noop: true, pass: restow(0)},
-		{name: "bare-patch-c16", pass: barePatchLoop(migrator.DefaultConcurrency)},
-		{name: "bare-patch-c64", pass: barePatchLoop(64)},
-		{name: "sequential-patch", pass: sequentialPatch},
-		{name: "sequential-put", pass: sequentialPut},
+	c16 := migrator.DefaultConcurrency
+	out := []strategy{
+		{name: "restow", series: "restow", concurrency: c16, pass: restow(migrator.Options{})},
+		{name: "restow-c64", series: "restow", concurrency: 64, pass: restow(migrator.Options{Concurrency: 64})},
+		{name: "restow-noop", noop: true, pass: restow(migrator.Options{})},
+		{name: "operator", operator: []string{}},
+		{name: "bare-patch-c16", series: "bare patch loop", concurrency: c16, pass: barePatchLoop(c16)},
+		{name: "bare-patch-c64", series: "bare patch loop", concurrency: 64, pass: barePatchLoop(64)},
+		{name: "sequential-patch", series: "sequential patch", concurrency: 1, pass: sequentialPatch},
+		{name: "sequential-put", series: "sequential PUT", concurrency: 1, pass: sequentialPut},
 	}
+	for _, c := range []int{4, 8, 32} {
+		out = append(out,
+			strategy{name: fmt.Sprintf("restow-c%d", c), sweep: true, series: "restow", concurrency: c, pass: restow(migrator.Options{Concurrency: c})},
+			strategy{name: fmt.Sprintf("bare-patch-c%d", c), sweep: true, series: "bare patch loop", concurrency: c, pass: barePatchLoop(c)})
+	}
+	for _, size := range []int64{100, 2000} {
+		out = append(out, strategy{name: fmt.Sprintf("restow-p%d", size), sweep: true, pass: restow(migrator.Options{PageSize: size})})
+	}
+	// The manager's former client-side limit, for the record of why it went.
+	out = append(out, strategy{name: "operator-qps200", sweep: true, operator: []string{"--kube-api-qps=200", "--kube-api-burst=400"}})
+	return out
 }
 
 // clients reach the control plane through a transport that counts requests.
+// The in-process strategies share them.
 type clients struct {
 	requests atomic.Int64
 	migrator *migrator.Migrator
@@ -234,14 +267,25 @@ func barePatchLoop(workers int) func(ctx context.Context, c *clients, gvr schema
 // server, each over the same n objects of about 1 KiB in 10 namespaces, and
 // checks in etcd after every run that all are stored at the new version.
 // Besides time per pass it reports objects/s, API requests per object, the
-// kube-apiserver process's CPU time per object (from /proc) and the peak heap
-// growth of this process, which does the work.
+// kube-apiserver process's CPU time per object (from /proc) and the peak
+// memory of the process doing the work: the heap growth of this one, or the
+// resident set of the manager process for the operator rows, with the
+// StorageMigration status writes it made.
 func BenchmarkCompare(b *testing.B) {
 	for _, n := range sizes(b) {
 		b.Run(fmt.Sprintf("objects=%d", n), func(b *testing.B) {
 			f := newCompareFixture(b, n)
 			for _, s := range strategies() {
-				b.Run(s.name, func(b *testing.B) { f.run(b, s) })
+				b.Run(s.name, func(b *testing.B) {
+					if s.sweep && n != sweepObjects {
+						b.Skipf("sweeps run at %d objects only", sweepObjects)
+					}
+					if s.operator != nil {
+						f.runOperator(b, s)
+					} else {
+						f.run(b, s)
+					}
+				})
 			}
 		})
 	}
@@ -256,11 +300,16 @@ type compareFixture struct {
 	storage string
 }
 
+// benchLabel marks a fixture's CRD, so a manager run by the benchmark
+// migrates that CRD and no other.
+const benchLabel = "bench.restow.dev/objects"
+
 func newCompareFixture(b *testing.B, n int) *compareFixture {
 	group := fmt.Sprintf("n%d.compare.bench.restow.dev", n)
 	crd := testenv.NewCRD(group, "Blob", "blobs", apiextensionsv1.NamespaceScoped,
 		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true},
 		testenv.CRDVersion{Name: "v1", Served: true})
+	crd.Labels = map[string]string{benchLabel: strconv.Itoa(n)}
 	env.InstallCRDForTest(b, crd)
 	createObjects(b, group, n)
 	return &compareFixture{n: n, group: group, crdName: crd.Name, clients: newClients(b), storage: "v1beta1"}
@@ -272,12 +321,45 @@ func (f *compareFixture) gvr() schema.GroupVersionResource {
 
 // switchStorage makes the other version the storage version, so the next
 // pass must re-encode every object.
-func (f *compareFixture) switchStorage(b *testing.B) {
+func (f *compareFixture) switchStorage(ctx context.Context) error {
 	next := map[string]string{"v1beta1": "v1", "v1": "v1beta1"}[f.storage]
-	if err := env.SetStorageVersion(b.Context(), f.crdName, next); err != nil {
-		b.Fatal(err)
+	if err := env.SetStorageVersion(ctx, f.crdName, next); err != nil {
+		return err
 	}
 	f.storage = next
+	return nil
+}
+
+// figures are one strategy's results at one size, per object where it says so.
+type figures struct {
+	Objects        int     `json:"objects"`
+	Strategy       string  `json:"strategy"`
+	Series         string  `json:"series,omitempty"`
+	Concurrency    int     `json:"concurrency,omitempty"`
+	ObjectsPerSec  float64 `json:"objectsPerSecond"`
+	Requests       float64 `json:"requestsPerObject"`
+	APIServerCPUMs float64 `json:"apiserverCPUMillisecondsPerObject"`
+	// PeakHeapGrowthMiB is this process's, for strategies run in it.
+	PeakHeapGrowthMiB float64 `json:"peakHeapGrowthMiB,omitempty"`
+	// PeakRSSMiB and StatusWrites are the manager process's, for the
+	// operator rows.
+	PeakRSSMiB   float64 `json:"peakRSSMiB,omitempty"`
+	StatusWrites float64 `json:"statusWritesPerPass,omitempty"`
+}
+
+// report attaches the figures to the benchmark's output and keeps them for
+// the table and the plots written after the run.
+func report(b *testing.B, fig figures) {
+	b.ReportMetric(fig.ObjectsPerSec, "objects/s")
+	b.ReportMetric(fig.Requests, "requests/object")
+	b.ReportMetric(fig.APIServerCPUMs, "apiserver-cpu-ms/object")
+	if fig.PeakRSSMiB > 0 {
+		b.ReportMetric(fig.PeakRSSMiB, "manager-peak-rss-MiB")
+		b.ReportMetric(fig.StatusWrites, "status-writes/pass")
+	} else {
+		b.ReportMetric(fig.PeakHeapGrowthMiB, "peak-heap-growth-MiB")
+	}
+	record(fig)
 }
 
 func (f *compareFixture) run(b *testing.B, s strategy) {
@@ -290,8 +372,8 @@ func (f *compareFixture) run(b *testing.B, s strategy) {
 		if s.noop {
 			// Objects are at the storage version already: make sure of it.
 			f.assertStored(b)
-		} else {
-			f.switchStorage(b)
+		} else if err := f.switchStorage(ctx); err != nil {
+			b.Fatal(err)
 		}
 		runtime.GC()
 		sampler := startHeapSampler()
@@ -315,10 +397,149 @@ func (f *compareFixture) run(b *testing.B, s strategy) {
 	}
 	b.StopTimer()
 	objects := float64(f.n) * float64(b.N)
-	b.ReportMetric(objects/b.Elapsed().Seconds(), "objects/s")
-	b.ReportMetric(float64(requests)/objects, "requests/object")
-	b.ReportMetric(float64(apiserverCPU.Microseconds())/1000/objects, "apiserver-cpu-ms/object")
-	b.ReportMetric(float64(peakGrowth)/(1<<20), "peak-heap-growth-MiB")
+	report(b, figures{
+		Objects: f.n, Strategy: s.name, Series: s.series, Concurrency: s.concurrency,
+		ObjectsPerSec:     objects / b.Elapsed().Seconds(),
+		Requests:          float64(requests) / objects,
+		APIServerCPUMs:    float64(apiserverCPU.Microseconds()) / 1000 / objects,
+		PeakHeapGrowthMiB: float64(peakGrowth) / (1 << 20),
+	})
+}
+
+// runOperator times the operator as users run it: cmd/manager as a process
+// of its own, with its defaults unless the strategy adds flags, started
+// while there is nothing to migrate. The timed part is the storage switch
+// and the automatic migration it triggers, up to the manager's pruning of
+// status.storedVersions, which it does only after a complete pass.
+func (f *compareFixture) runOperator(b *testing.B, s strategy) {
+	ctx := b.Context()
+	kubeconfig := filepath.Join(b.TempDir(), "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		b.Fatal(err)
+	}
+	var requests, statusWrites float64
+	var apiserverCPU time.Duration
+	var peakRSS uint64
+	for b.Loop() {
+		b.StopTimer()
+		f.pruneStoredVersions(b)
+		manager := testmanager.Start(b, testmanager.Options{
+			Kubeconfig: kubeconfig,
+			Args:       append([]string{"--auto-migrate-selector=" + benchLabel + "=" + strconv.Itoa(f.n)}, s.operator...),
+		})
+		if err := manager.WaitLeader(ctx, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		requestsBefore, err := manager.Metric(ctx, "rest_client_requests_total", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		writes, stopCounting := f.countMigrationWrites(b)
+		cpuBefore, err := env.APIServerCPU()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if err := f.switchStorage(ctx); err != nil {
+			b.Fatal(err)
+		}
+		err = f.waitPruned(ctx)
+		b.StopTimer()
+		cpuAfter, cpuErr := env.APIServerCPU()
+		if err != nil || cpuErr != nil {
+			b.Fatalf("%s: %v %v\n%s", s.name, err, cpuErr, manager.Logs())
+		}
+		stopCounting()
+		requestsAfter, err := manager.Metric(ctx, "rest_client_requests_total", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rss, err := manager.PeakRSS()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := manager.Stop(); err != nil {
+			b.Fatalf("%v\n%s", err, manager.Logs())
+		}
+		requests += requestsAfter - requestsBefore
+		statusWrites += float64(writes.Load())
+		apiserverCPU += cpuAfter - cpuBefore
+		peakRSS = max(peakRSS, rss)
+		f.assertStored(b)
+		f.deleteAutomaticMigration(b)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	objects := float64(f.n) * float64(b.N)
+	report(b, figures{
+		Objects: f.n, Strategy: s.name,
+		ObjectsPerSec:  objects / b.Elapsed().Seconds(),
+		Requests:       requests / objects,
+		APIServerCPUMs: float64(apiserverCPU.Microseconds()) / 1000 / objects,
+		PeakRSSMiB:     float64(peakRSS) / (1 << 20),
+		StatusWrites:   statusWrites / float64(b.N),
+	})
+}
+
+// pruneStoredVersions leaves only the storage version in the CRD's
+// status.storedVersions, after checking in etcd that nothing is stored at
+// another, so a manager started now has nothing to do until the switch.
+func (f *compareFixture) pruneStoredVersions(b *testing.B) {
+	f.assertStored(b)
+	ctx := b.Context()
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: f.crdName}, crd); err != nil {
+		b.Fatal(err)
+	}
+	patch := client.MergeFrom(crd.DeepCopy())
+	crd.Status.StoredVersions = []string{f.storage}
+	if err := env.Client.Status().Patch(ctx, crd, patch); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// waitPruned waits until status.storedVersions is the storage version alone.
+func (f *compareFixture) waitPruned(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Hour, true, func(ctx context.Context) (bool, error) {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: f.crdName}, crd); err != nil {
+			return false, err
+		}
+		return slices.Equal(crd.Status.StoredVersions, []string{f.storage}), nil
+	})
+}
+
+// countMigrationWrites counts the updates of the StorageMigration named
+// after the CRD (the automatic one), seen by a watch, until stop is called.
+func (f *compareFixture) countMigrationWrites(b *testing.B) (*atomic.Int64, func()) {
+	watcher, err := f.clients.dynamic.Resource(migrationv1alpha1.GroupVersion.WithResource("storagemigrations")).
+		Watch(b.Context(), metav1.ListOptions{FieldSelector: "metadata.name=" + f.crdName})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for event := range watcher.ResultChan() {
+			if event.Type == watch.Modified {
+				n.Add(1)
+			}
+		}
+	}()
+	return &n, func() {
+		watcher.Stop()
+		<-done
+	}
+}
+
+// deleteAutomaticMigration removes the StorageMigration the manager created:
+// the test control plane runs no garbage collector.
+func (f *compareFixture) deleteAutomaticMigration(b *testing.B) {
+	sm := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: f.crdName}}
+	if err := env.Client.Delete(b.Context(), sm); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // assertStored checks in etcd that every object is stored at the storage version.

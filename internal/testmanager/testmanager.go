@@ -1,0 +1,324 @@
+// Package testmanager builds cmd/manager and runs it as a separate process
+// against a test control plane, the way users run it: its own kubeconfig,
+// leader election, metrics and probes on loopback ports. The operator
+// benchmarks and the end-to-end suite use it; in-process tests use
+// internal/testoperator instead.
+package testmanager
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Package is the manager's import path, built by Build.
+const Package = "github.com/restow/restow/cmd/manager"
+
+var (
+	buildOnce sync.Once
+	binary    string
+	errBuild  error
+)
+
+// Build compiles cmd/manager once per test process and returns the binary's
+// path. RESTOW_MANAGER_BINARY names a binary built beforehand instead.
+func Build(tb testing.TB) string {
+	tb.Helper()
+	buildOnce.Do(func() {
+		if path := os.Getenv("RESTOW_MANAGER_BINARY"); path != "" {
+			binary = path
+			return
+		}
+		dir, err := os.MkdirTemp("", "restow-manager-")
+		if err != nil {
+			errBuild = err
+			return
+		}
+		binary = filepath.Join(dir, "manager")
+		out, err := exec.Command("go", "build", "-trimpath", "-o", binary, Package).CombinedOutput()
+		if err != nil {
+			errBuild = fmt.Errorf("go build %s: %w\n%s", Package, err, out)
+		}
+	})
+	if errBuild != nil {
+		tb.Fatal(errBuild)
+	}
+	return binary
+}
+
+// Process is one running manager.
+type Process struct {
+	// Name tells this manager's log lines from another's.
+	Name string
+	// MetricsURL and ProbeURL are its plain-HTTP endpoints on loopback.
+	MetricsURL, ProbeURL string
+
+	cmd  *exec.Cmd
+	logs *lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+// Options configure Start.
+type Options struct {
+	// Name tells this manager's log lines from another's; "manager" if empty.
+	Name string
+	// Kubeconfig is the file the manager reaches the API server with.
+	Kubeconfig string
+	// Args are added after the defaults (loopback metrics without TLS and
+	// probes on free ports, leader election in the default namespace) and
+	// override them, since the last occurrence of a flag wins.
+	Args []string
+}
+
+// Start runs the manager until the test ends, waiting until its readiness
+// probe answers. If the test fails, the manager's log is printed.
+func Start(tb testing.TB, opts Options) *Process {
+	tb.Helper()
+	bin := Build(tb)
+	if opts.Name == "" {
+		opts.Name = "manager"
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &Process{
+		Name:       opts.Name,
+		MetricsURL: "http://127.0.0.1:" + ports[0] + "/metrics",
+		ProbeURL:   "http://127.0.0.1:" + ports[1],
+		logs:       &lockedBuffer{},
+		done:       make(chan struct{}),
+	}
+	args := append([]string{
+		"--kubeconfig=" + opts.Kubeconfig,
+		"--metrics-bind-address=127.0.0.1:" + ports[0],
+		"--metrics-secure=false",
+		"--health-probe-bind-address=127.0.0.1:" + ports[1],
+		"--leader-election-namespace=default",
+	}, opts.Args...)
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	tb.Cleanup(func() {
+		if err := p.Stop(); err != nil {
+			tb.Errorf("%s: %v", p.Name, err)
+		}
+		if tb.Failed() {
+			tb.Logf("%s's log:\n%s", p.Name, p.Logs())
+		}
+	})
+	if err := p.waitReady(tb.Context(), time.Minute); err != nil {
+		tb.Fatalf("%s did not become ready: %v\n%s", p.Name, err, p.Logs())
+	}
+	return p
+}
+
+func (p *Process) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		select {
+		case <-p.done:
+			return fmt.Errorf("exited: %v", p.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.ProbeURL+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+	}
+}
+
+// WaitLeader waits until this manager holds the leader election lease, by
+// its leader_election_master_status metric.
+func (p *Process) WaitLeader(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		leader, err := p.Metric(ctx, "leader_election_master_status", nil)
+		if err == nil && leader == 1 {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited: %v", p.Name, p.err)
+		case <-ctx.Done():
+			return fmt.Errorf("%s is not the leader: %w (last error: %v)", p.Name, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// PID is the manager's process ID.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop sends SIGTERM and waits up to 30 s for the manager to shut down, then
+// kills it. A clean exit, or one already seen, returns nil.
+func (p *Process) Stop() error {
+	if p.Exited() {
+		return nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(30 * time.Second):
+		p.Kill()
+		return errors.New("did not stop within 30 s of SIGTERM; killed")
+	}
+}
+
+// Kill sends SIGKILL, as a node failure or the OOM killer would, and waits
+// for the process to be gone.
+func (p *Process) Kill() {
+	if p.Exited() {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Logs is everything the manager wrote so far.
+func (p *Process) Logs() string { return p.logs.String() }
+
+// PeakRSS is the largest resident set the process has had (VmHWM in
+// /proc/<pid>/status), in bytes. Read it before stopping the process.
+func (p *Process) PeakRSS() (uint64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
+	if err != nil {
+		return 0, err
+	}
+	scanner := bufio.NewScanner(bytes.NewReader(raw))
+	for scanner.Scan() {
+		field, value, ok := strings.Cut(scanner.Text(), ":")
+		if !ok || field != "VmHWM" {
+			continue
+		}
+		kib, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("VmHWM %q: %w", value, err)
+		}
+		return kib << 10, nil
+	}
+	return 0, errors.New("no VmHWM in /proc/<pid>/status")
+}
+
+// Metric sums every sample of the named counter or gauge on the manager's
+// metrics endpoint whose labels include match.
+func (p *Process) Metric(ctx context.Context, name string, match map[string]string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.MetricsURL, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s: %s", p.MetricsURL, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	family, ok := families[name]
+	if !ok {
+		return 0, nil
+	}
+	var sum float64
+samples:
+	for _, m := range family.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range match {
+			if labels[k] != v {
+				continue samples
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			sum += m.Counter.GetValue()
+		case m.Gauge != nil:
+			sum += m.Gauge.GetValue()
+		}
+	}
+	return sum, nil
+}
+
+// freePorts finds n distinct free TCP ports on loopback.
+func freePorts(n int) ([]string, error) {
+	var ports []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = l.Close() }()
+		ports = append(ports, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	}
+	return ports, nil
+}
+
+// lockedBuffer collects a process's output safely for concurrent reads.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
