@@ -1,0 +1,181 @@
+// Package config_test renders the kustomize configuration the way users
+// install it and applies it to the source-built control plane, so a broken
+// manifest fails the tests rather than a user's install.
+package config_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/restow/restow/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{}, &env)
+}
+
+// render builds a kustomization directory with the kustomize Go API, as
+// `kubectl apply -k` does.
+func render(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	resources, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	var out []*unstructured.Unstructured
+	for _, r := range resources.Resources() {
+		raw, err := r.AsYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(raw, &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+// find returns the one rendered object of a kind.
+func find(t *testing.T, objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
+	t.Helper()
+	var found *unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			if found != nil {
+				t.Fatalf("more than one %s rendered: %s and %s", kind, found.GetName(), o.GetName())
+			}
+			found = o
+		}
+	}
+	if found == nil {
+		t.Fatalf("no %s rendered", kind)
+	}
+	return found
+}
+
+// into converts a rendered object to a typed one.
+func into(t *testing.T, u *unstructured.Unstructured, obj any) {
+	t.Helper()
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
+		t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+	}
+}
+
+// apply applies rendered objects server-side, for real, namespaces first.
+func apply(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	ctx := t.Context()
+	for _, pass := range []func(*unstructured.Unstructured) bool{
+		func(o *unstructured.Unstructured) bool { return o.GetKind() == "Namespace" },
+		func(o *unstructured.Unstructured) bool { return o.GetKind() != "Namespace" },
+	} {
+		for _, o := range objs {
+			if !pass(o) {
+				continue
+			}
+			if err := env.Client.Patch(ctx, o.DeepCopy(), client.Apply, client.FieldOwner("restow-config-test"), client.ForceOwnership); err != nil {
+				t.Fatalf("applying %s %s: %v", o.GetKind(), o.GetName(), err)
+			}
+		}
+	}
+}
+
+// TestFlowControlClassifiesTheManagersBulkRequests renders config/default,
+// checks that kustomize carried its name prefix and namespace into the
+// FlowSchema's references, applies it, and shows through the API server's
+// own response headers that the manager's service account's lists and
+// patches run in restow's priority level, while its lease reads do not.
+func TestFlowControlClassifiesTheManagersBulkRequests(t *testing.T) {
+	ctx := t.Context()
+	objs := render(t, "default")
+	var schema flowcontrolv1.FlowSchema
+	var level flowcontrolv1.PriorityLevelConfiguration
+	var sa corev1.ServiceAccount
+	into(t, find(t, objs, "FlowSchema"), &schema)
+	into(t, find(t, objs, "PriorityLevelConfiguration"), &level)
+	into(t, find(t, objs, "ServiceAccount"), &sa)
+	if schema.Spec.PriorityLevelConfiguration.Name != level.Name {
+		t.Errorf("FlowSchema %s refers to priority level %q, but the rendered one is %q", schema.Name, schema.Spec.PriorityLevelConfiguration.Name, level.Name)
+	}
+	subject := schema.Spec.Rules[0].Subjects[0].ServiceAccount
+	if subject == nil || subject.Name != sa.Name || subject.Namespace != sa.Namespace {
+		t.Errorf("FlowSchema %s's subject is %+v, want the manager's service account %s/%s", schema.Name, subject, sa.Namespace, sa.Name)
+	}
+	apply(t, objs)
+
+	live := &flowcontrolv1.FlowSchema{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: schema.Name}, live); err != nil {
+		t.Fatal(err)
+	}
+	// Requests as the manager's service account, recording the flow schema
+	// the API server classified each into.
+	var classifiedBy string
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: serviceaccount.MakeUsername(sa.Namespace, sa.Name)}
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := rt.RoundTrip(r)
+			if err == nil {
+				classifiedBy = resp.Header.Get(flowcontrolv1.ResponseHeaderMatchedFlowSchemaUID)
+			}
+			return resp, err
+		})
+	}
+	clientset, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "flowcontrol-probe", Namespace: "default"}}
+	if err := env.Client.Create(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	for _, request := range []struct {
+		what string
+		do   func(context.Context) error
+		ours bool
+	}{
+		{"list configmaps", func(ctx context.Context) error {
+			_, err := clientset.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{Limit: 1})
+			return err
+		}, true},
+		{"patch a configmap", func(ctx context.Context) error {
+			_, err := clientset.CoreV1().ConfigMaps("default").Patch(ctx, cm.Name, types.MergePatchType, []byte(`{}`), metav1.PatchOptions{})
+			return err
+		}, true},
+		{"get its lease", func(ctx context.Context) error {
+			_, err := clientset.CoordinationV1().Leases(sa.Namespace).Get(ctx, "restow.migration.restow.dev", metav1.GetOptions{})
+			return client.IgnoreNotFound(err)
+		}, false},
+	} {
+		classifiedBy = ""
+		if err := request.do(ctx); err != nil {
+			t.Fatalf("%s as %s: %v", request.what, cfg.Impersonate.UserName, err)
+		}
+		if got := classifiedBy == string(live.UID); got != request.ours {
+			t.Errorf("%s: classified by flow schema UID %q; restow's (%s) is %q, want ours=%v", request.what, classifiedBy, live.Name, live.UID, request.ours)
+		}
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
