@@ -7,6 +7,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
@@ -54,20 +55,21 @@ func render(t *testing.T, dir string) []*unstructured.Unstructured {
 	return out
 }
 
-// find returns the one rendered object of a kind.
-func find(t *testing.T, objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
+// find returns the one rendered object of a kind, or of a kind and name.
+func find(t *testing.T, objs []*unstructured.Unstructured, kind string, name ...string) *unstructured.Unstructured {
 	t.Helper()
 	var found *unstructured.Unstructured
 	for _, o := range objs {
-		if o.GetKind() == kind {
-			if found != nil {
-				t.Fatalf("more than one %s rendered: %s and %s", kind, found.GetName(), o.GetName())
-			}
-			found = o
+		if o.GetKind() != kind || (len(name) > 0 && o.GetName() != name[0]) {
+			continue
 		}
+		if found != nil {
+			t.Fatalf("more than one %s rendered: %s and %s", kind, found.GetName(), o.GetName())
+		}
+		found = o
 	}
 	if found == nil {
-		t.Fatalf("no %s rendered", kind)
+		t.Fatalf("no %s %v rendered", kind, name)
 	}
 	return found
 }
@@ -83,7 +85,9 @@ func into(t *testing.T, u *unstructured.Unstructured, obj any) {
 // apply applies rendered objects server-side, for real, namespaces first.
 func apply(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
-	ctx := t.Context()
+	// Not t.Context(): apply also runs from cleanups, after it ends.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	for _, pass := range []func(*unstructured.Unstructured) bool{
 		func(o *unstructured.Unstructured) bool { return o.GetKind() == "Namespace" },
 		func(o *unstructured.Unstructured) bool { return o.GetKind() != "Namespace" },

@@ -74,10 +74,10 @@ type StorageMigrationReconciler struct {
 	runs *runner
 }
 
-// +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations,verbs=get;list;watch
+// +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations/status,verbs=patch
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions/status,verbs=patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // Rewriting any resource needs list and patch on it; narrow this in
 // config/rbac to the groups you migrate if you prefer.

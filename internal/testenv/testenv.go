@@ -156,11 +156,19 @@ func Context(t testing.TB, timeout time.Duration) context.Context {
 // control plane, for clients that take --kubeconfig (kubectl, the plugin, a
 // manager run as a process).
 func (e *Env) WriteKubeconfig(path string) error {
-	user, err := e.environment.AddUser(envtest.User{Name: "restow-admin", Groups: []string{"system:masters"}}, nil)
+	return e.WriteKubeconfigAs(path, "restow-admin", "system:masters")
+}
+
+// WriteKubeconfigAs writes a kubeconfig file whose client certificate
+// authenticates as user in groups: for a service account,
+// "system:serviceaccount:<namespace>:<name>", which RBAC binds as that
+// service account.
+func (e *Env) WriteKubeconfigAs(path, user string, groups ...string) error {
+	added, err := e.environment.AddUser(envtest.User{Name: user, Groups: groups}, nil)
 	if err != nil {
 		return err
 	}
-	raw, err := user.KubeConfig()
+	raw, err := added.KubeConfig()
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,369 @@
+package config_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/testenv"
+	"github.com/restow/restow/internal/testmanager"
+	"github.com/restow/restow/internal/testoperator"
+)
+
+// TestLeastPrivilegeRBAC runs restow with nothing but the RBAC that
+// config/default installs, as its service account, on the test control
+// plane, which authorizes with RBAC:
+//
+//   - in-process, through a client impersonating the service account, it
+//     migrates a CRD (automatically) and Secrets (asked for), and no response
+//     it receives holds a Secret's data;
+//   - with config/components/named-groups, a resource outside the named
+//     groups stalls with reason Unsupported and the API server's refusal,
+//     and is not retried in a tight loop;
+//   - the manager binary, authenticated as the service account, holds the
+//     leader election lease and migrates a CRD.
+func TestLeastPrivilegeRBAC(t *testing.T) {
+	ctx := t.Context()
+	objs := render(t, "default")
+	apply(t, objs)
+	var sa corev1.ServiceAccount
+	into(t, find(t, objs, "ServiceAccount"), &sa)
+	user := serviceaccount.MakeUsername(sa.Namespace, sa.Name)
+	groups := serviceaccount.MakeGroupNames(sa.Namespace)
+
+	// The example group of config/components/named-groups.
+	crontabs := installCRD(t, "stable.example.com", "CronTab", "crontabs", 300)
+	canary := "restow-canary-" + randomHex(t)
+	secrets := createSecrets(t, "rbac-secrets", 50, canary)
+
+	// The operator's clients, as the service account, scanning every
+	// response body for the Secrets' data, raw (protobuf) or base64 (JSON).
+	var leaked atomic.Int64
+	var scanned atomic.Int64
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
+	cfg.WrapTransport = scanResponses([][]byte{[]byte(canary), []byte(base64.StdEncoding.EncodeToString([]byte(canary)))}, &leaked, &scanned)
+	assertScannerCatches(t, canary)
+
+	t.Run("migrates a CRD and Secrets as the service account", func(t *testing.T) {
+		stop := testoperator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
+		defer stop()
+		crontabs.switchStorage(t, "v1")
+		secretsMigration := &migrationv1alpha1.StorageMigration{
+			ObjectMeta: metav1.ObjectMeta{Name: "secrets"},
+			Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
+		}
+		if err := env.Client.Create(ctx, secretsMigration); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secretsMigration) })
+
+		waitCondition(t, crontabs.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+		crontabs.assertAllStoredAt(t, "v1")
+		crontabs.assertStoredVersions(t, "v1")
+		sm := waitCondition(t, "secrets", migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+		// Every Secret was patched. The API server skips the etcd write
+		// when the encoding is unchanged, as here without an encryption
+		// key rotation, so etcd's revisions prove nothing either way.
+		if sm.Status.LastPass == nil || sm.Status.LastPass.Migrated != int64(len(secrets)) || sm.Status.LastPass.Failed != 0 {
+			t.Errorf("secrets' last pass = %+v, want all %d secrets rewritten", sm.Status.LastPass, len(secrets))
+		}
+		stop()
+		if scanned.Load() == 0 {
+			t.Fatal("no response was scanned: the scanner saw nothing")
+		}
+		if leaked.Load() != 0 {
+			t.Errorf("%d responses the operator received held a Secret's data", leaked.Load())
+		}
+		t.Logf("%d responses scanned, none with a Secret's data", scanned.Load())
+		deleteMigration(t, crontabs.crdName)
+	})
+
+	t.Run("a group outside named-groups stalls as Unsupported", func(t *testing.T) {
+		narrowed := render(t, "testdata/named-groups")
+		var role rbacv1.ClusterRole
+		into(t, find(t, narrowed, "ClusterRole", "restow-manager-role"), &role)
+		if got := role.Rules[0].APIGroups; len(got) != 1 || got[0] != "stable.example.com" {
+			t.Fatalf("named-groups rendered rule 0 for groups %v, want only stable.example.com", got)
+		}
+		apply(t, narrowed)
+		t.Cleanup(func() { apply(t, objs) })
+		outside := installCRD(t, "outside.config.restow.dev", "Gadget", "gadgets", 20)
+		outside.switchStorage(t, "v1")
+		stop := testoperator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
+		defer stop()
+
+		sm := waitCondition(t, outside.crdName, migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason)
+		stalled := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition)
+		if !strings.Contains(stalled.Message, "forbidden") || !strings.Contains(stalled.Message, "gadgets") {
+			t.Errorf("Stalled message %q, want the API server's refusal naming gadgets", stalled.Message)
+		}
+		// Not a tight loop: the Stalled retry backs off (here from 0.5 s to
+		// 2 s), so in 3 s the StorageMigration changes a few times at most.
+		changes := countChanges(t, outside.crdName, 3*time.Second)
+		if changes > 5 {
+			t.Errorf("the Stalled StorageMigration changed %d times in 3 s: a retry loop without backoff", changes)
+		}
+		outside.assertAllStoredAt(t, "v1beta1")
+		outside.assertStoredVersions(t, "v1beta1", "v1")
+		t.Logf("Stalled: %s; %d changes in 3 s", stalled.Message, changes)
+		deleteMigration(t, outside.crdName)
+	})
+
+	t.Run("the manager binary as the service account", func(t *testing.T) {
+		widgets := installCRD(t, "stable.example.com", "Widget", "widgets", 200)
+		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+		if err := env.WriteKubeconfigAs(kubeconfig, user, groups...); err != nil {
+			t.Fatal(err)
+		}
+		manager := testmanager.Start(t, testmanager.Options{
+			Kubeconfig: kubeconfig,
+			Args:       []string{"--leader-election-namespace=" + sa.Namespace},
+		})
+		if err := manager.WaitLeader(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		widgets.switchStorage(t, "v1")
+		waitCondition(t, widgets.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+		widgets.assertAllStoredAt(t, "v1")
+		widgets.assertStoredVersions(t, "v1")
+		if strings.Contains(manager.Logs(), "forbidden") {
+			t.Errorf("the manager was refused something:\n%s", manager.Logs())
+		}
+		deleteMigration(t, widgets.crdName)
+	})
+}
+
+// scanResponses wraps a transport so every response body is scanned, as it
+// is read, for any of needles: found counts responses that held one,
+// scanned counts responses.
+func scanResponses(needles [][]byte, found, scanned *atomic.Int64) func(http.RoundTripper) http.RoundTripper {
+	return func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := rt.RoundTrip(r)
+			if err == nil && resp.Body != nil {
+				scanned.Add(1)
+				resp.Body = &scanningBody{ReadCloser: resp.Body, needles: needles, found: found}
+			}
+			return resp, err
+		})
+	}
+}
+
+// scanningBody looks for needles in a body as it streams (watches never
+// end), keeping enough of each chunk's end to catch a needle split between
+// chunks.
+type scanningBody struct {
+	io.ReadCloser
+	needles [][]byte
+	found   *atomic.Int64
+	window  []byte
+	counted bool
+}
+
+func (b *scanningBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 && !b.counted {
+		b.window = append(b.window, p[:n]...)
+		longest := 0
+		for _, needle := range b.needles {
+			if bytes.Contains(b.window, needle) {
+				b.found.Add(1)
+				b.counted = true
+			}
+			longest = max(longest, len(needle))
+		}
+		if keep := longest - 1; len(b.window) > keep {
+			b.window = append(b.window[:0], b.window[len(b.window)-keep:]...)
+		}
+	}
+	return n, err
+}
+
+// assertScannerCatches shows the scanner is not blind: an administrator's
+// read of the Secrets through it is caught.
+func assertScannerCatches(t *testing.T, canary string) {
+	t.Helper()
+	var found, scanned atomic.Int64
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WrapTransport = scanResponses([][]byte{[]byte(canary), []byte(base64.StdEncoding.EncodeToString([]byte(canary)))}, &found, &scanned)
+	clientset, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := clientset.CoreV1().Secrets("rbac-secrets").List(t.Context(), metav1.ListOptions{Limit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if found.Load() != 1 {
+		t.Fatalf("the scanner missed a Secret's data in an administrator's list (%d found)", found.Load())
+	}
+}
+
+func randomHex(t *testing.T) string {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func createSecrets(t *testing.T, namespace string, n int, value string) []string {
+	t.Helper()
+	if err := env.EnsureNamespaces(t.Context(), namespace); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	err := env.CreateObjects(t.Context(), n, func(i int) client.Object {
+		name := fmt.Sprintf("secret-%03d", i)
+		names = append(names, namespace+"/"+name)
+		return &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			Data:       map[string][]byte{"token": []byte(value)},
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// crd is a test CRD with objects created at v1beta1.
+type crd struct {
+	group, plural, crdName string
+}
+
+func installCRD(t *testing.T, group, kind, plural string, objects int) crd {
+	t.Helper()
+	c := testenv.NewCRD(group, kind, plural, apiextensionsv1.NamespaceScoped,
+		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true},
+		testenv.CRDVersion{Name: "v1", Served: true})
+	env.InstallCRDForTest(t, c)
+	namespace := "rbac-" + plural
+	if err := env.EnsureNamespaces(t.Context(), namespace); err != nil {
+		t.Fatal(err)
+	}
+	err := env.CreateObjects(t.Context(), objects, func(i int) client.Object {
+		u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"n": int64(i)}}}
+		u.SetGroupVersionKind(schema.GroupVersionKind{Group: group, Version: "v1beta1", Kind: kind})
+		u.SetNamespace(namespace)
+		u.SetName(fmt.Sprintf("%s-%04d", strings.ToLower(kind), i))
+		return u
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return crd{group: group, plural: plural, crdName: c.Name}
+}
+
+func (c crd) switchStorage(t *testing.T, version string) {
+	t.Helper()
+	if err := env.SetStorageVersion(t.Context(), c.crdName, version); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c crd) assertAllStoredAt(t *testing.T, version string) {
+	t.Helper()
+	counts, err := env.StoredVersions(t.Context(), c.group, c.plural)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(counts) != 1 || counts[c.group+"/"+version] == 0 {
+		t.Errorf("etcd holds %s at %v, want all at %s", c.plural, counts, version)
+	}
+}
+
+func (c crd) assertStoredVersions(t *testing.T, want ...string) {
+	t.Helper()
+	live := &apiextensionsv1.CustomResourceDefinition{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: c.crdName}, live); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(live.Status.StoredVersions) != fmt.Sprint(want) {
+		t.Errorf("%s status.storedVersions = %v, want %v", c.crdName, live.Status.StoredVersions, want)
+	}
+}
+
+// waitCondition waits until the named StorageMigration has the condition
+// True with the reason.
+func waitCondition(t *testing.T, name, condition, reason string) *migrationv1alpha1.StorageMigration {
+	t.Helper()
+	sm := &migrationv1alpha1.StorageMigration{}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		c := apimeta.FindStatusCondition(sm.Status.Conditions, condition)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason && c.ObservedGeneration == sm.Generation, nil
+	})
+	if err != nil {
+		t.Fatalf("StorageMigration %s never had %s=True/%s: %v; conditions %+v", name, condition, reason, err, sm.Status.Conditions)
+	}
+	return sm
+}
+
+// countChanges watches the named StorageMigration for d and counts its updates.
+func countChanges(t *testing.T, name string, d time.Duration) int {
+	t.Helper()
+	watcher, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	w, err := watcher.Watch(ctx, &migrationv1alpha1.StorageMigrationList{}, client.MatchingFields{"metadata.name": name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	changes := 0
+	for {
+		select {
+		case event, ok := <-w.ResultChan():
+			if !ok {
+				return changes
+			}
+			if event.Type == watch.Modified {
+				changes++
+			}
+		case <-ctx.Done():
+			return changes
+		}
+	}
+}
+
+// deleteMigration removes an automatic StorageMigration: the test control
+// plane runs no garbage collector.
+func deleteMigration(t *testing.T, name string) {
+	t.Helper()
+	sm := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := client.IgnoreNotFound(env.Client.Delete(context.Background(), sm)); err != nil {
+		t.Error(err)
+	}
+}
