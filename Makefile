@@ -113,6 +113,14 @@ run: ## Run the manager against the cluster in KUBECONFIG.
 docker-build: ## Build the container image (needs a Docker engine).
 	docker build -t $(IMG) .
 
+IMAGE_TAR ?= $(LOCALBIN)/restow-image.tar
+IMAGE_ARCH ?= $(GOARCH)
+
+.PHONY: image-tar
+image-tar: ## Assemble the manager's image as an OCI archive without a container engine (bin/restow-image.tar).
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager ./cmd/manager
+	go run ./hack/imagetar --binary $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager --arch $(IMAGE_ARCH) --ref $(IMG) --output $(IMAGE_TAR)
+
 ##@ Tools
 
 $(LOCALBIN):

@@ -6,13 +6,17 @@ package config_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
@@ -100,6 +104,76 @@ func apply(t *testing.T, objs []*unstructured.Unstructured) {
 				t.Fatalf("applying %s %s: %v", o.GetKind(), o.GetName(), err)
 			}
 		}
+	}
+}
+
+// TestDefaultInstall renders config/default and every optional piece, has
+// the API server validate each object by a server-side dry-run apply, and
+// checks the Deployment is what docs/operations.md promises: two replicas
+// with leader election, probes, resources, and a locked-down container.
+func TestDefaultInstall(t *testing.T) {
+	ctx := t.Context()
+	objs := render(t, "default")
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.GetKind()]++
+	}
+	for _, kind := range []string{"CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+		"Deployment", "Service", "PodDisruptionBudget", "FlowSchema", "PriorityLevelConfiguration"} {
+		if kinds[kind] == 0 {
+			t.Errorf("config/default renders no %s", kind)
+		}
+	}
+	// The namespace must exist for a dry run of what goes in it.
+	apply(t, []*unstructured.Unstructured{find(t, objs, "Namespace")})
+	for _, o := range objs {
+		if err := env.Client.Patch(ctx, o.DeepCopy(), client.Apply, client.FieldOwner("restow-config-test"), client.ForceOwnership, client.DryRunAll); err != nil {
+			t.Errorf("server-side dry run of %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+	// The sample is valid against the installed CRD. The ServiceMonitor
+	// needs the Prometheus Operator's CRD, so it is only rendered.
+	crd := find(t, objs, "CustomResourceDefinition")
+	apply(t, []*unstructured.Unstructured{crd})
+	if err := env.WaitForCRD(ctx, crd.GetName()); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range render(t, "samples") {
+		if err := env.Client.Patch(ctx, o, client.Apply, client.FieldOwner("restow-config-test"), client.DryRunAll); err != nil {
+			t.Errorf("server-side dry run of the sample %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+	find(t, render(t, "prometheus"), "ServiceMonitor")
+
+	var deploy appsv1.Deployment
+	into(t, find(t, objs, "Deployment"), &deploy)
+	spec := deploy.Spec.Template.Spec
+	if deploy.Spec.Replicas == nil || *deploy.Spec.Replicas != 2 {
+		t.Errorf("replicas %v, want 2", deploy.Spec.Replicas)
+	}
+	c := spec.Containers[0]
+	if !slices.Contains(c.Args, "--leader-elect") {
+		t.Errorf("args %v lack --leader-elect", c.Args)
+	}
+	if c.LivenessProbe == nil || c.ReadinessProbe == nil {
+		t.Error("liveness or readiness probe missing")
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("resources %+v: want CPU and memory requests and a memory limit", c.Resources)
+	}
+	sc := c.SecurityContext
+	switch {
+	case sc == nil, sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot, sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem,
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation, sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}):
+		t.Errorf("container security context %+v: want non-root, read-only root filesystem, no privilege escalation, all capabilities dropped", sc)
+	}
+	if psc := spec.SecurityContext; psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context %+v: want seccomp RuntimeDefault", psc)
+	}
+	var pdb policyv1.PodDisruptionBudget
+	into(t, find(t, objs, "PodDisruptionBudget"), &pdb)
+	if selector, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector); err != nil || !selector.Matches(labels.Set(deploy.Spec.Template.Labels)) {
+		t.Errorf("the PodDisruptionBudget's selector %v does not select the manager's pods %v", pdb.Spec.Selector, deploy.Spec.Template.Labels)
 	}
 }
 
