@@ -230,6 +230,21 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 		return stalled(migrationv1alpha1.ObjectsFailedReason, msg), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
 	}
 
+	if current.target.CRD != nil {
+		// A CRD deleted during the pass takes its objects with it: their
+		// patches found nothing and the pass "completed". Say what happened
+		// instead of Ready.
+		deleted, err := r.crdDeleted(ctx, current.target.CRD.Name)
+		switch {
+		case err != nil:
+			passesTotal.WithLabelValues(resource, "transient").Inc()
+			return reconciling(migrationv1alpha1.TransientErrorReason, "Reading the CRD after the pass failed and is retried: "+migrator.Message(err)), transientRetryDelay
+		case deleted != "":
+			r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", deleted)
+			passesTotal.WithLabelValues(resource, "stalled").Inc()
+			return stalled(migrationv1alpha1.UnsupportedReason, deleted), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
+		}
+	}
 	if current.target.CRD != nil && pruneEnabled(sm) {
 		// Until pruning succeeds the pass is not recorded: the next reconcile
 		// sees storedVersions (or the storage version) still differ and runs
@@ -258,6 +273,22 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s (%d rewritten, %d changed by others meanwhile)", msg, summary.Migrated, summary.Skipped)
 	log.Info("Pass succeeded", "targetVersion", target, "listed", summary.Listed, "migrated", summary.Migrated, "skipped", summary.Skipped, "pruned", summary.PrunedVersions)
 	return ready(msg), 0
+}
+
+// crdDeleted reads the CRD live and describes its deletion, or returns ""
+// while it stands.
+func (r *StorageMigrationReconciler) crdDeleted(ctx context.Context, name string) (string, error) {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	err := r.Migrator.Reader.Get(ctx, client.ObjectKey{Name: name}, crd)
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf("CRD %s was deleted during the pass, with its objects; nothing is left to migrate", name), nil
+	case err != nil:
+		return "", err
+	case !crd.DeletionTimestamp.IsZero():
+		return fmt.Sprintf("CRD %s is being deleted, with its objects; nothing is left to migrate", name), nil
+	}
+	return "", nil
 }
 
 // startIfNeeded resolves the resource and starts a pass if it needs one.

@@ -7,12 +7,15 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"strings"
 	"syscall"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 )
 
 func TestClassify(t *testing.T) {
@@ -75,5 +78,21 @@ func TestMessageIsBounded(t *testing.T) {
 	long := apierrors.NewForbidden(schema.GroupResource{Resource: "x"}, "a", errors.New(string(make([]byte, 2000))))
 	if got := Message(long); len(got) > 300 {
 		t.Errorf("Message returned %d bytes, want at most 300", len(got))
+	}
+}
+
+// A list answered 404 means the resource is gone (its CRD was deleted):
+// Stalled/Unsupported, not a transient error retried forever.
+func TestPassErrorListNotFoundStalls(t *testing.T) {
+	p := &pass{target: Target{Resource: schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}}}
+	err := p.passError("listing", apierrors.NewNotFound(schema.GroupResource{Group: "example.com", Resource: "widgets"}, ""))
+	var stalled *StalledError
+	if !errors.As(err, &stalled) || stalled.Reason != migrationv1alpha1.UnsupportedReason || !strings.Contains(stalled.Message, "no longer exists") {
+		t.Fatalf("passError(404) = %#v, want Stalled/Unsupported saying the resource no longer exists", err)
+	}
+	err = p.passError("listing", apierrors.NewConflict(schema.GroupResource{Group: "example.com", Resource: "widgets"}, "", errors.New("x")))
+	var transient *TransientError
+	if !errors.As(err, &transient) {
+		t.Fatalf("passError(409) = %#v, want transient", err)
 	}
 }

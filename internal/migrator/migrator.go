@@ -341,14 +341,14 @@ func (p *pass) list(ctx context.Context, pages chan<- page) error {
 		err := p.retryTransient(ctx, func() error {
 			var err error
 			list, err = resource.List(ctx, metav1.ListOptions{Limit: p.opts.PageSize, Continue: token})
-			if apierrors.IsResourceExpired(err) && token != "" {
+			for expired := 0; apierrors.IsResourceExpired(err) && token != "" && expired < 3; expired++ {
 				// The token outlived etcd's compaction. The error carries a
 				// token that continues inconsistently: objects changed since
 				// are already stored at the new version, and rewrites are
 				// idempotent, so nothing is missed. Without one, start over.
 				token = inconsistentContinue(err)
 				klog.FromContext(ctx).V(2).Info("Continue token expired, continuing the list", "restarted", token == "")
-				return err
+				list, err = resource.List(ctx, metav1.ListOptions{Limit: p.opts.PageSize, Continue: token})
 			}
 			return err
 		})
@@ -515,6 +515,12 @@ func (p *pass) setRetrying(msg string) {
 // passError turns an error that stops the pass into a typed one.
 func (p *pass) passError(doing string, err error) error {
 	switch classify(err) {
+	case skipped:
+		if apierrors.IsNotFound(err) {
+			// The list itself found no resource: its CRD is gone.
+			return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("%s %s: the resource no longer exists: %s", doing, p.target.Resource.GroupResource(), Message(err))}
+		}
+		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, p.target.Resource.GroupResource(), err)}
 	case unsupported, permanent:
 		// A list or patch refused for the whole resource.
 		return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("%s %s: %s", doing, p.target.Resource.GroupResource(), Message(err))}
