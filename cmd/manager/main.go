@@ -34,6 +34,9 @@ type options struct {
 	probeAddr            string
 	leaderElect          bool
 	leaderElectNamespace string
+	leaseDuration        time.Duration
+	renewDeadline        time.Duration
+	retryPeriod          time.Duration
 	qps                  float64
 	burst                int
 	concurrency          int
@@ -54,6 +57,13 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader so only one replica migrates at a time.")
 	fs.StringVar(&o.leaderElectNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the pod's namespace.")
+	// Longer than client-go's 15/10/2 s, as cert-manager's 60/40 s: a
+	// single API server restarting (a control plane upgrade, often when CRDs
+	// change) is down for 15 to 30 s, and a leader that cannot renew within
+	// the deadline exits. A migration can wait the longer failover.
+	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 60*time.Second, "How long a replica waits before taking over a lease its holder stopped renewing.")
+	fs.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 40*time.Second, "How long the leader keeps trying to renew its lease (through an API server outage) before it gives up and exits.")
+	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 5*time.Second, "How often replicas try to acquire or renew the lease.")
 	// Rewriting objects in bulk needs more than client-go's 5/10 or
 	// controller-runtime's 20/30. 1000/2000 is a safety net against a
 	// runaway loop, above what one API server takes (docs/benchmarks.md:
@@ -133,6 +143,9 @@ func run(args []string) error {
 		LeaderElectionID:              "restow.migration.restow.dev",
 		LeaderElectionNamespace:       opts.leaderElectNamespace,
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &opts.leaseDuration,
+		RenewDeadline:                 &opts.renewDeadline,
+		RetryPeriod:                   &opts.retryPeriod,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
