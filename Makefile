@@ -82,6 +82,12 @@ RESTOW_BENCH_SIZES ?= 1000,10000,50000
 RESTOW_BENCH_OUT ?= $(CURDIR)/docs/bench
 BENCH_FLAGS ?= -benchtime 1x -timeout 3h
 
+E2E_FLAGS ?= -count=1 -timeout 40m -v
+
+.PHONY: test-e2e
+test-e2e: envtest-assets ## Run the end-to-end suite: the manager binary as a process against the control plane, faults injected.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test -tags e2e $(E2E_FLAGS) ./e2e/
+
 .PHONY: bench
 bench: envtest-assets ## Run the benchmarks on the source-built control plane, writing docs/bench/ (about 30 minutes).
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_BENCH_SIZES=$(RESTOW_BENCH_SIZES) RESTOW_BENCH_OUT=$(RESTOW_BENCH_OUT) \

@@ -115,8 +115,9 @@ func (e *Env) InstallCRDForTest(t testing.TB, crd *apiextensionsv1.CustomResourc
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// t.Context() is already cancelled when cleanups run.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		// t.Context() is already cancelled when cleanups run. Deleting a CRD
+		// deletes its objects: 50,000 take minutes.
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		if err := e.DeleteCRD(ctx, crd.Name); err != nil {
 			t.Error(err)
@@ -124,14 +125,14 @@ func (e *Env) InstallCRDForTest(t testing.TB, crd *apiextensionsv1.CustomResourc
 	})
 }
 
-// DeleteCRD deletes a CRD and waits until it is gone, so the next test may
-// reuse its name.
+// DeleteCRD deletes a CRD and waits until it is gone (with its objects, for
+// as long as ctx allows), so the next test may reuse its name.
 func (e *Env) DeleteCRD(ctx context.Context, name string) error {
 	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if err := e.Client.Delete(ctx, crd); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting CRD %s: %w", name, err)
 	}
-	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd)
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	})

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -34,6 +35,9 @@ type Options struct {
 	// CRDDirectoryPaths are directories or files of CRDs installed at start,
 	// such as config/crd/bases.
 	CRDDirectoryPaths []string
+	// APIServerArgs are extra kube-apiserver flags, without the leading
+	// dashes, such as {"etcd-compaction-interval": "5s"}.
+	APIServerArgs map[string]string
 	// AfterRun, if set, runs after the package's tests and benchmarks, while
 	// the control plane is still up; an error fails the run.
 	AfterRun func() error
@@ -50,6 +54,9 @@ type Env struct {
 
 	environment *envtest.Environment
 	etcd        *clientv3.Client
+	// restarted is the kube-apiserver RestartAPIServer started last, if any.
+	restarted     *exec.Cmd
+	restartedWait chan struct{}
 }
 
 // Main starts one control plane for a package's tests, stores it in *env, runs
@@ -112,6 +119,9 @@ func Start(opts Options) (*Env, error) {
 		CRDDirectoryPaths:     opts.CRDDirectoryPaths,
 		ErrorIfCRDPathMissing: len(opts.CRDDirectoryPaths) > 0,
 	}
+	for flag, value := range opts.APIServerArgs {
+		environment.ControlPlane.GetAPIServer().Configure().Set(flag, value)
+	}
 	cfg, err := environment.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane from KUBEBUILDER_ASSETS=%s: %w", os.Getenv("KUBEBUILDER_ASSETS"), err)
@@ -136,7 +146,7 @@ func Start(opts Options) (*Env, error) {
 
 // Stop stops the API server and etcd.
 func (e *Env) Stop() error {
-	return errors.Join(e.etcd.Close(), e.environment.Stop())
+	return errors.Join(e.etcd.Close(), e.stopRestarted(), e.environment.Stop())
 }
 
 // EtcdURL is the address of the control plane's etcd.

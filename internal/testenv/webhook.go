@@ -14,6 +14,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,7 +35,11 @@ type ConvertFunc func(obj *unstructured.Unstructured, toVersion string) error
 // with a certificate generated for the test. It can be made to fail, as a
 // webhook that is down or broken would.
 type ConversionWebhook struct {
+	mu       sync.Mutex
 	server   *httptest.Server
+	handler  http.Handler
+	tls      *tls.Config
+	url      string
 	caBundle []byte
 	failing  atomic.Bool
 	// Conversions counts the objects converted.
@@ -51,14 +57,43 @@ func StartConversionWebhook(t testing.TB, convert ConvertFunc) *ConversionWebhoo
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &ConversionWebhook{caBundle: certPEM}
-	w.server = httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+	w := &ConversionWebhook{caBundle: certPEM, tls: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+	w.handler = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		w.serve(rw, req, convert)
-	}))
-	w.server.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	})
+	w.server = httptest.NewUnstartedServer(w.handler)
+	w.server.TLS = w.tls
 	w.server.StartTLS()
-	t.Cleanup(w.server.Close)
+	w.url = w.server.URL
+	t.Cleanup(w.Stop)
 	return w
+}
+
+// Stop closes the webhook's listener: the API server's calls are then
+// refused, as when a webhook's pods are gone.
+func (w *ConversionWebhook) Stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.server != nil {
+		w.server.Close()
+		w.server = nil
+	}
+}
+
+// Restart serves again on the same address after Stop.
+func (w *ConversionWebhook) Restart() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.server != nil {
+		return nil
+	}
+	l, err := net.Listen("tcp", strings.TrimPrefix(w.url, "https://"))
+	if err != nil {
+		return fmt.Errorf("listening again on %s: %w", w.url, err)
+	}
+	w.server = &httptest.Server{Listener: l, Config: &http.Server{Handler: w.handler, ReadHeaderTimeout: 10 * time.Second}, TLS: w.tls}
+	w.server.StartTLS()
+	return nil
 }
 
 // SetFailing makes the webhook answer 500 (true) or convert again (false).
@@ -69,7 +104,7 @@ func (w *ConversionWebhook) Conversion() *apiextensionsv1.CustomResourceConversi
 	return &apiextensionsv1.CustomResourceConversion{
 		Strategy: apiextensionsv1.WebhookConverter,
 		Webhook: &apiextensionsv1.WebhookConversion{
-			ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: ptr.To(w.server.URL + "/convert"), CABundle: w.caBundle},
+			ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: ptr.To(w.url + "/convert"), CABundle: w.caBundle},
 			ConversionReviewVersions: []string{"v1"},
 		},
 	}

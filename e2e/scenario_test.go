@@ -1,0 +1,535 @@
+//go:build e2e
+
+// Package e2e runs the manager binary as a process of its own against the
+// source-built control plane and injects the faults a cluster has: killed
+// managers, a lost leader, a restarted API server, a conversion webhook that
+// goes away, concurrent writers, a second storage switch, a deleted CRD and
+// an expired continue token. Every scenario ends with proof read from etcd.
+// Run with `make test-e2e`.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/testenv"
+	"github.com/restow/restow/internal/testmanager"
+)
+
+var (
+	env        *testenv.Env
+	kubeconfig string
+)
+
+// compactionInterval is the API server's etcd compaction interval: short,
+// so that a slow pass outlives its continue token.
+const compactionInterval = 5 * time.Second
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{
+		CRDDirectoryPaths: []string{"../config/crd/bases"},
+		APIServerArgs:     map[string]string{"etcd-compaction-interval": compactionInterval.String()},
+		AfterRun:          func() error { return os.Remove(kubeconfig) },
+	}, &env)
+}
+
+// objectCount is the number of objects per scenario: RESTOW_E2E_OBJECTS, by
+// default 5,000.
+func objectCount(t *testing.T) int {
+	if s := os.Getenv("RESTOW_E2E_OBJECTS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 100 {
+			t.Fatalf("RESTOW_E2E_OBJECTS=%q: want a number of at least 100", s)
+		}
+		return n
+	}
+	return 5000
+}
+
+// adminKubeconfig is the kubeconfig file the managers run with.
+func adminKubeconfig(t *testing.T) string {
+	if kubeconfig == "" {
+		f, err := os.CreateTemp("", "restow-e2e-kubeconfig-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = f.Close()
+		if err := env.WriteKubeconfig(f.Name()); err != nil {
+			t.Fatal(err)
+		}
+		kubeconfig = f.Name()
+	}
+	return kubeconfig
+}
+
+// scenario is one CRD with objects at v1beta1, the managers that migrate it,
+// the writers that change it meanwhile and an observer of its
+// status.storedVersions.
+type scenario struct {
+	t          *testing.T
+	name       string
+	group      string
+	crdName    string
+	n          int
+	namespaces []string
+	versions   []string
+	conversion *apiextensionsv1.CustomResourceConversion
+
+	// writers, when started, update and delete objects during the pass.
+	writers *writers
+
+	// earlyPrunes records storedVersions seen as one version while etcd
+	// still held objects at another: a prune before the pass was complete.
+	earlyPrunes []string
+	observed    sync.Mutex
+	stopObserve func()
+}
+
+const (
+	kind   = "Widget"
+	plural = "widgets"
+	// scenarioLabel marks a scenario's CRD; each manager migrates its own only.
+	scenarioLabel = "e2e.restow.dev/scenario"
+)
+
+type scenarioOption func(*scenario)
+
+// withVersions serves these versions, v1beta1 being the storage version at
+// the start.
+func withVersions(versions ...string) scenarioOption {
+	return func(s *scenario) { s.versions = versions }
+}
+
+// withConversion converts between versions with a webhook.
+func withConversion(c *apiextensionsv1.CustomResourceConversion) scenarioOption {
+	return func(s *scenario) { s.conversion = c }
+}
+
+// newScenario installs the scenario's CRD with objectCount objects at
+// v1beta1 in 5 namespaces and starts observing its storedVersions.
+func newScenario(t *testing.T, name string, opts ...scenarioOption) *scenario {
+	t.Helper()
+	s := &scenario{
+		t: t, name: name, n: objectCount(t),
+		group:    name + ".e2e.restow.dev",
+		versions: []string{"v1beta1", "v1"},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	var versions []testenv.CRDVersion
+	for i, v := range s.versions {
+		versions = append(versions, testenv.CRDVersion{Name: v, Served: true, Storage: i == 0})
+	}
+	crd := testenv.NewCRD(s.group, kind, plural, apiextensionsv1.NamespaceScoped, versions...)
+	crd.Labels = map[string]string{scenarioLabel: name}
+	crd.Spec.Conversion = s.conversion
+	s.crdName = crd.Name
+	if err := env.InstallCRD(t.Context(), crd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = env.Client.Delete(ctx, &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: s.crdName}})
+		if err := env.DeleteCRD(ctx, s.crdName); err != nil {
+			t.Error(err)
+		}
+	})
+	for i := range 5 {
+		s.namespaces = append(s.namespaces, fmt.Sprintf("%s-%d", name, i))
+	}
+	if err := env.EnsureNamespaces(t.Context(), s.namespaces...); err != nil {
+		t.Fatal(err)
+	}
+	payload := strings.Repeat("x", 512)
+	err := env.CreateObjects(t.Context(), s.n, func(i int) client.Object {
+		u := s.object("v1beta1", i)
+		u.Object["spec"] = map[string]any{"n": int64(i), "payload": payload, "writer": "created"}
+		return u
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.assertStored("v1beta1", s.n)
+	s.observe()
+	return s
+}
+
+func (s *scenario) object(version string, i int) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	u.SetGroupVersionKind(schema.GroupVersionKind{Group: s.group, Version: version, Kind: kind})
+	u.SetNamespace(s.namespaces[i%len(s.namespaces)])
+	u.SetName(fmt.Sprintf("widget-%05d", i))
+	return u
+}
+
+// startManager runs the manager binary for this scenario: automatic
+// migration for this scenario's CRD only, leader election in its own
+// namespace, short stalled retries.
+func (s *scenario) startManager(name string, args ...string) *testmanager.Process {
+	s.t.Helper()
+	return testmanager.Start(s.t, testmanager.Options{
+		Name:       name,
+		Kubeconfig: adminKubeconfig(s.t),
+		Args: append([]string{
+			"--auto-migrate-selector=" + scenarioLabel + "=" + s.name,
+			"--leader-election-namespace=" + s.namespaces[0],
+			"--stalled-retry-base=1s",
+			"--stalled-retry-max=5s",
+			"--status-interval=1s",
+		}, args...),
+	})
+}
+
+// switchStorage makes version the storage version.
+func (s *scenario) switchStorage(version string) {
+	s.t.Helper()
+	if err := env.SetStorageVersion(s.t.Context(), s.crdName, version); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// storedCounts reads etcd: objects of the scenario's resource by the
+// version they are stored at.
+func (s *scenario) storedCounts(ctx context.Context) (map[string]int, error) {
+	counts, err := env.StoredVersions(ctx, s.group, plural)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for apiVersion, n := range counts {
+		out[strings.TrimPrefix(apiVersion, s.group+"/")] = n
+	}
+	return out, nil
+}
+
+// waitMidPass waits until etcd holds at least a fifth of the objects at
+// version and at least a fifth at others: the pass is under way.
+func (s *scenario) waitMidPass(version string) {
+	s.t.Helper()
+	var counts map[string]int
+	err := wait.PollUntilContextTimeout(s.t.Context(), 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		counts, err = s.storedCounts(ctx)
+		if err != nil {
+			return false, err
+		}
+		return counts[version] >= s.n/5 && s.n-counts[version] >= s.n/5, nil
+	})
+	if err != nil {
+		s.t.Fatalf("the pass never got under way: etcd holds %v: %v", counts, err)
+	}
+	s.t.Logf("mid-pass: etcd holds %v", counts)
+}
+
+// waitMigrated waits until storedVersions is [version] and the automatic
+// StorageMigration (or the one named name) is Ready.
+func (s *scenario) waitMigrated(version string, timeout time.Duration) *migrationv1alpha1.StorageMigration {
+	s.t.Helper()
+	sm := &migrationv1alpha1.StorageMigration{}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	err := wait.PollUntilContextTimeout(s.t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, crd); err != nil {
+			return false, err
+		}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		ready := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition)
+		return slices.Equal(crd.Status.StoredVersions, []string{version}) &&
+			ready != nil && ready.Status == metav1.ConditionTrue && ready.ObservedGeneration == sm.Generation, nil
+	})
+	if err != nil {
+		s.t.Fatalf("not migrated to %s: storedVersions %v, conditions %+v: %v", version, crd.Status.StoredVersions, sm.Status.Conditions, err)
+	}
+	return sm
+}
+
+// assertStored checks in etcd that want objects are stored, all at version.
+func (s *scenario) assertStored(version string, want int) {
+	s.t.Helper()
+	counts, err := s.storedCounts(s.t.Context())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if len(counts) != 1 || counts[version] != want {
+		s.t.Fatalf("etcd holds %v, want all %d at %s", counts, want, version)
+	}
+}
+
+// assertDone is every scenario's end: all objects (less those the writers
+// deleted) at version in etcd, storedVersions [version], never pruned early,
+// and every writer's last write is what etcd holds.
+func (s *scenario) assertDone(version string) {
+	s.t.Helper()
+	s.stopObserve()
+	want := s.n
+	if s.writers != nil {
+		want -= len(s.writers.deleted())
+	}
+	s.assertStored(version, want)
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := env.Client.Get(s.t.Context(), client.ObjectKey{Name: s.crdName}, crd); err != nil {
+		s.t.Fatal(err)
+	}
+	if !slices.Equal(crd.Status.StoredVersions, []string{version}) {
+		s.t.Errorf("status.storedVersions = %v, want [%s]", crd.Status.StoredVersions, version)
+	}
+	s.observed.Lock()
+	if len(s.earlyPrunes) > 0 {
+		s.t.Errorf("storedVersions was pruned while etcd held other versions: %v", s.earlyPrunes)
+	}
+	s.observed.Unlock()
+	if s.writers != nil {
+		s.writers.assertLastWritesStored()
+	}
+}
+
+// observe polls the CRD; whenever storedVersions lists one version, etcd
+// must hold every object at it.
+func (s *scenario) observe() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	s.stopObserve = func() {
+		cancel()
+		<-done
+	}
+	s.t.Cleanup(s.stopObserve)
+	go func() {
+		defer close(done)
+		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			crd := &apiextensionsv1.CustomResourceDefinition{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, crd); err != nil || len(crd.Status.StoredVersions) != 1 {
+				return false, nil
+			}
+			only := crd.Status.StoredVersions[0]
+			counts, err := s.storedCounts(ctx)
+			if err != nil {
+				return false, nil
+			}
+			for version, n := range counts {
+				if version != only && n > 0 {
+					s.observed.Lock()
+					s.earlyPrunes = append(s.earlyPrunes, fmt.Sprintf("storedVersions [%s] with etcd holding %v", only, counts))
+					s.observed.Unlock()
+				}
+			}
+			return false, nil
+		})
+	}()
+}
+
+// writers update and delete the scenario's objects concurrently with the
+// pass, each writer owning a disjoint share of them, and record the last
+// confirmed write of each object.
+type writers struct {
+	s      *scenario
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	last   map[int]string
+	gone   map[int]bool
+	writes atomic.Int64
+}
+
+// startWriters starts k writers; each update sets spec.writer to a value
+// never used before, with no resourceVersion precondition, as a careless
+// client would. A write whose outcome is unknown (an error) is repeated
+// with a new value until it is confirmed.
+func (s *scenario) startWriters(k int) *writers {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &writers{s: s, stop: cancel, last: map[int]string{}, gone: map[int]bool{}}
+	s.writers = w
+	for id := range k {
+		w.wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(id), 42))
+			for seq := 0; ctx.Err() == nil; seq++ {
+				i := id + k*rng.IntN(s.n/k)
+				w.mu.Lock()
+				deleted := w.gone[i]
+				w.mu.Unlock()
+				if deleted {
+					continue
+				}
+				if rng.IntN(50) == 0 {
+					w.deleteObject(ctx, i)
+					continue
+				}
+				w.update(ctx, i, fmt.Sprintf("w%d-%d", id, seq))
+				time.Sleep(time.Duration(rng.IntN(10)) * time.Millisecond)
+			}
+		})
+	}
+	s.t.Cleanup(w.finish)
+	return w
+}
+
+func (w *writers) update(ctx context.Context, i int, value string) {
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		obj := w.s.object("v1", i)
+		patch := fmt.Appendf(nil, `{"spec":{"writer":%q}}`, fmt.Sprintf("%s.%d", value, attempt))
+		err := env.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))
+		if err == nil {
+			w.mu.Lock()
+			w.last[i] = fmt.Sprintf("%s.%d", value, attempt)
+			w.mu.Unlock()
+			w.writes.Add(1)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Stopped with the outcome unknown: whatever etcd holds is the last write.
+	w.mu.Lock()
+	w.last[i] = "?"
+	w.mu.Unlock()
+}
+
+func (w *writers) deleteObject(ctx context.Context, i int) {
+	for ctx.Err() == nil {
+		err := env.Client.Delete(ctx, w.s.object("v1", i))
+		if err == nil || apierrors.IsNotFound(err) {
+			w.mu.Lock()
+			w.gone[i] = true
+			w.mu.Unlock()
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.mu.Lock()
+	w.last[i] = "?"
+	w.mu.Unlock()
+}
+
+// finish stops the writers and waits for them.
+func (w *writers) finish() {
+	w.stop()
+	w.wg.Wait()
+}
+
+func (w *writers) deleted() []int {
+	w.finish()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []int
+	for i := range w.gone {
+		out = append(out, i)
+	}
+	return out
+}
+
+// assertLastWritesStored reads every object from etcd: each written one
+// holds its last confirmed write, and no deleted one is back.
+func (w *writers) assertLastWritesStored() {
+	t := w.s.t
+	t.Helper()
+	w.finish()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	checked, unknown := 0, 0
+	for i := range w.s.n {
+		obj := w.s.object("v1", i)
+		want, written := w.last[i]
+		if want == "?" {
+			unknown++
+			continue
+		}
+		stored, err := env.ReadStored(t.Context(), w.s.group, plural, obj.GetNamespace(), obj.GetName())
+		if w.gone[i] {
+			if err == nil {
+				t.Errorf("%s/%s was deleted but etcd holds it again", obj.GetNamespace(), obj.GetName())
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s/%s: %v", obj.GetNamespace(), obj.GetName(), err)
+			continue
+		}
+		if !written {
+			continue
+		}
+		var body struct {
+			Spec struct {
+				Writer string `json:"writer"`
+			} `json:"spec"`
+		}
+		if err := json.Unmarshal(stored.Raw, &body); err != nil {
+			t.Fatalf("%s: %v", stored.Key, err)
+		}
+		if body.Spec.Writer != want {
+			t.Errorf("%s/%s: etcd holds writer %q, the last confirmed write was %q: a lost update", obj.GetNamespace(), obj.GetName(), body.Spec.Writer, want)
+		}
+		checked++
+	}
+	t.Logf("writers: %d updates confirmed, %d objects deleted; %d last writes checked in etcd (%d left unknown when the writers stopped)",
+		w.writes.Load(), len(w.gone), checked, unknown)
+	if checked == 0 {
+		t.Error("no write was checked: the writers did nothing")
+	}
+}
+
+// migration reads the scenario's StorageMigration.
+func (s *scenario) migration(ctx context.Context) (*migrationv1alpha1.StorageMigration, error) {
+	sm := &migrationv1alpha1.StorageMigration{}
+	return sm, env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm)
+}
+
+// waitCondition waits until the scenario's StorageMigration has condition
+// True with reason, and returns its message.
+func (s *scenario) waitCondition(condition, reason string, timeout time.Duration) string {
+	s.t.Helper()
+	var last []metav1.Condition
+	var message string
+	err := wait.PollUntilContextTimeout(s.t.Context(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		sm, err := s.migration(ctx)
+		if err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		last = sm.Status.Conditions
+		c := apimeta.FindStatusCondition(sm.Status.Conditions, condition)
+		if c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason {
+			message = c.Message
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		s.t.Fatalf("StorageMigration %s never had %s=True/%s: %v; conditions %+v", s.crdName, condition, reason, err, last)
+	}
+	return message
+}
+
+// logFile keeps a manager's log beside the test's other output when
+// RESTOW_E2E_LOGS names a directory.
+func logFile(t *testing.T, p *testmanager.Process) {
+	dir := os.Getenv("RESTOW_E2E_LOGS")
+	if dir == "" {
+		return
+	}
+	t.Cleanup(func() {
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name() + "-" + p.Name + ".log")
+		_ = os.WriteFile(filepath.Join(dir, name), []byte(p.Logs()), 0o644)
+	})
+}

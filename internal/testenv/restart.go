@@ -1,0 +1,110 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+)
+
+// RestartAPIServer stops kube-apiserver with SIGTERM, as a rolling update of
+// the control plane would, keeps it down for down, and starts it again with
+// the same flags, certificates and port over the same etcd. It returns once
+// the new process answers /readyz. Clients keep their configuration: the
+// server's certificate and address do not change.
+func (e *Env) RestartAPIServer(ctx context.Context, down time.Duration) error {
+	pid, err := e.apiServerPID()
+	if err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+	if err != nil {
+		return err
+	}
+	args := bytes.Split(bytes.TrimRight(raw, "\x00"), []byte{0})
+	n, err := strconv.Atoi(pid)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(n, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("stopping kube-apiserver: %w", err)
+	}
+	// Gone once its /proc entry is (envtest, its parent, reaps it), or,
+	// for a process this method started, once Wait returns.
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		if e.restarted != nil && e.restarted.Process.Pid == n {
+			return e.restartedDone(), nil
+		}
+		_, err := os.Stat(filepath.Join("/proc", pid))
+		return errors.Is(err, os.ErrNotExist), nil
+	})
+	if err != nil {
+		return fmt.Errorf("kube-apiserver did not stop: %w", err)
+	}
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	cmd := exec.Command(string(args[0]))
+	for _, a := range args[1:] {
+		cmd.Args = append(cmd.Args, string(a))
+	}
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting kube-apiserver again: %w", err)
+	}
+	e.restarted, e.restartedWait = cmd, make(chan struct{})
+	go func(done chan struct{}) {
+		_ = cmd.Wait()
+		close(done)
+	}(e.restartedWait)
+	return e.waitAPIServerReady(ctx)
+}
+
+func (e *Env) restartedDone() bool {
+	select {
+	case <-e.restartedWait:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitAPIServerReady waits until kube-apiserver answers /readyz with ok.
+func (e *Env) waitAPIServerReady(ctx context.Context) error {
+	clientset, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		return err
+	}
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		body, err := clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && string(body) == "ok", nil
+	})
+}
+
+// stopRestarted stops a kube-apiserver RestartAPIServer started, which
+// envtest does not know of.
+func (e *Env) stopRestarted() error {
+	if e.restarted == nil || e.restartedDone() {
+		return nil
+	}
+	_ = e.restarted.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-e.restartedWait:
+		return nil
+	case <-time.After(30 * time.Second):
+		_ = e.restarted.Process.Kill()
+		<-e.restartedWait
+		return errors.New("kube-apiserver did not stop within 30 s of SIGTERM; killed")
+	}
+}
