@@ -74,8 +74,9 @@ envtest-assets: ## Build kube-apiserver and etcd from source for K8S_VERSION (id
 	@echo $(ENVTEST_ASSETS)
 
 .PHONY: test
-test: envtest-assets ## Run unit and integration tests (real API server and etcd) with -race.
+test: envtest-assets ## Run unit and integration tests (real API server and etcd) with -race, then the e2e suite.
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test $(GO_TEST_FLAGS) ./...
+	$(MAKE) --no-print-directory test-e2e
 
 # Object counts and where the figures, tables and plots go (docs/bench/).
 RESTOW_BENCH_SIZES ?= 1000,10000,50000
