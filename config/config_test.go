@@ -44,7 +44,7 @@ func render(t *testing.T, dir string) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
-	var out []*unstructured.Unstructured
+	out := make([]*unstructured.Unstructured, 0, len(resources.Resources()))
 	for _, r := range resources.Resources() {
 		raw, err := r.AsYAML()
 		if err != nil {
@@ -100,7 +100,7 @@ func apply(t *testing.T, objs []*unstructured.Unstructured) {
 			if !pass(o) {
 				continue
 			}
-			if err := env.Client.Patch(ctx, o.DeepCopy(), client.Apply, client.FieldOwner("restow-config-test"), client.ForceOwnership); err != nil {
+			if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o.DeepCopy()), client.FieldOwner("restow-config-test"), client.ForceOwnership); err != nil {
 				t.Fatalf("applying %s %s: %v", o.GetKind(), o.GetName(), err)
 			}
 		}
@@ -127,7 +127,7 @@ func TestDefaultInstall(t *testing.T) {
 	// The namespace must exist for a dry run of what goes in it.
 	apply(t, []*unstructured.Unstructured{find(t, objs, "Namespace")})
 	for _, o := range objs {
-		if err := env.Client.Patch(ctx, o.DeepCopy(), client.Apply, client.FieldOwner("restow-config-test"), client.ForceOwnership, client.DryRunAll); err != nil {
+		if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o.DeepCopy()), client.FieldOwner("restow-config-test"), client.ForceOwnership, client.DryRunAll); err != nil {
 			t.Errorf("server-side dry run of %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 	}
@@ -139,7 +139,7 @@ func TestDefaultInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, o := range render(t, "samples") {
-		if err := env.Client.Patch(ctx, o, client.Apply, client.FieldOwner("restow-config-test"), client.DryRunAll); err != nil {
+		if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("restow-config-test"), client.DryRunAll); err != nil {
 			t.Errorf("server-side dry run of the sample %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 	}

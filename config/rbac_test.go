@@ -238,12 +238,13 @@ func createSecrets(t *testing.T, namespace string, n int, value string) []string
 	if err := env.EnsureNamespaces(t.Context(), namespace); err != nil {
 		t.Fatal(err)
 	}
-	var names []string
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("secret-%03d", i)
+	}
 	err := env.CreateObjects(t.Context(), n, func(i int) client.Object {
-		name := fmt.Sprintf("secret-%03d", i)
-		names = append(names, namespace+"/"+name)
 		return &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			ObjectMeta: metav1.ObjectMeta{Name: names[i], Namespace: namespace},
 			Data:       map[string][]byte{"token": []byte(value)},
 		}
 	})

@@ -45,7 +45,7 @@ func TestManagerKilledMidPass(t *testing.T) {
 	first := s.startManager("first")
 	logFile(t, first)
 	s.switchStorage("v1")
-	s.waitMidPass("v1")
+	s.waitMidPass()
 	first.Kill()
 	if sm, err := s.migration(t.Context()); err != nil || sm.Status.Progress == nil {
 		t.Fatalf("no progress recorded before the kill: %+v, %v", sm.Status, err)
@@ -68,7 +68,7 @@ func TestLeaderKilledMidPass(t *testing.T) {
 	logFile(t, b)
 	leader, follower := whoLeads(t, a, b)
 	s.switchStorage("v1")
-	s.waitMidPass("v1")
+	s.waitMidPass()
 	killed := time.Now()
 	leader.Kill()
 	// The lease lasts 60 s: the follower takes over within about that.
@@ -106,7 +106,7 @@ func TestAPIServerRestartMidPass(t *testing.T) {
 	manager := s.startManager("manager")
 	logFile(t, manager)
 	s.switchStorage("v1")
-	s.waitMidPass("v1")
+	s.waitMidPass()
 	stopped, ready, err := env.RestartAPIServer(t.Context(), 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +128,7 @@ func TestConversionWebhookDown(t *testing.T) {
 	manager := s.startManager("manager")
 	logFile(t, manager)
 	s.switchStorage("v1")
-	s.waitMidPass("v1")
+	s.waitMidPass()
 	webhook.Stop()
 	down := time.Now()
 	message := s.waitCondition(migrationv1alpha1.ReconcilingCondition, migrationv1alpha1.TransientErrorReason, webhookDown(t))
@@ -172,7 +172,7 @@ func TestSecondSwitchMidPass(t *testing.T) {
 	manager := s.startManager("manager")
 	logFile(t, manager)
 	s.switchStorage("v1")
-	s.waitMidPass("v1")
+	s.waitMidPass()
 	s.switchStorage("v2")
 	s.waitMigrated("v2", 5*time.Minute)
 	s.assertDone("v2")
@@ -185,7 +185,7 @@ func TestCRDDeletedMidPass(t *testing.T) {
 	manager := s.startManager("manager")
 	logFile(t, manager)
 	s.switchStorage("v1")
-	s.waitMidPass("v1")
+	s.waitMidPass()
 	s.stopObserve()
 	if err := env.DeleteCRD(testenv.Context(t, 2*time.Minute), s.crdName); err != nil {
 		t.Fatal(err)

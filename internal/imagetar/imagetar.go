@@ -118,11 +118,9 @@ func layerContents(binary []byte) ([]byte, error) {
 	tw := tar.NewWriter(&out)
 	for _, f := range files {
 		hdr := &tar.Header{Name: f.path, Mode: f.mode, ModTime: time.Unix(0, 0), Format: tar.FormatPAX}
-		switch {
-		case f.data == nil:
+		hdr.Typeflag, hdr.Size = tar.TypeReg, int64(len(f.data))
+		if f.data == nil {
 			hdr.Typeflag = tar.TypeDir
-		default:
-			hdr.Typeflag, hdr.Size = tar.TypeReg, int64(len(f.data))
 		}
 		if f.path == "home/nonroot/" {
 			hdr.Uid, hdr.Gid = 65532, 65532

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/x509"
 	"debug/elf"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -134,7 +135,7 @@ func layerFiles(t *testing.T, layer interface {
 	tr := tar.NewReader(rc)
 	for {
 		hdr, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return out
 		}
 		if err != nil {
@@ -158,7 +159,7 @@ func untar(t *testing.T, archive, dir string) {
 	tr := tar.NewReader(f)
 	for {
 		hdr, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return
 		}
 		if err != nil {

@@ -142,7 +142,7 @@ func (p *Process) waitReady(ctx context.Context, timeout time.Duration) error {
 	for {
 		select {
 		case <-p.done:
-			return fmt.Errorf("exited: %v", p.err)
+			return fmt.Errorf("exited: %w", p.err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
@@ -173,9 +173,9 @@ func (p *Process) WaitLeader(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited: %v", p.Name, p.err)
+			return fmt.Errorf("%s exited: %w", p.Name, p.err)
 		case <-ctx.Done():
-			return fmt.Errorf("%s is not the leader: %w (last error: %v)", p.Name, ctx.Err(), err)
+			return fmt.Errorf("%s is not the leader: %w (last error: %w)", p.Name, ctx.Err(), err)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

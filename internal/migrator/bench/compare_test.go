@@ -89,16 +89,16 @@ func strategies() []strategy {
 		}
 	}
 	c16 := migrator.DefaultConcurrency
-	out := []strategy{
-		{name: "restow", series: "restow", concurrency: c16, pass: restow(migrator.Options{})},
-		{name: "restow-c64", series: "restow", concurrency: 64, pass: restow(migrator.Options{Concurrency: 64})},
-		{name: "restow-noop", noop: true, pass: restow(migrator.Options{})},
-		{name: "operator", operator: []string{}},
-		{name: "bare-patch-c16", series: "bare patch loop", concurrency: c16, pass: barePatchLoop(c16)},
-		{name: "bare-patch-c64", series: "bare patch loop", concurrency: 64, pass: barePatchLoop(64)},
-		{name: "sequential-patch", series: "sequential patch", concurrency: 1, pass: sequentialPatch},
-		{name: "sequential-put", series: "sequential PUT", concurrency: 1, pass: sequentialPut},
-	}
+	out := append(make([]strategy, 0, 17),
+		strategy{name: "restow", series: "restow", concurrency: c16, pass: restow(migrator.Options{})},
+		strategy{name: "restow-c64", series: "restow", concurrency: 64, pass: restow(migrator.Options{Concurrency: 64})},
+		strategy{name: "restow-noop", noop: true, pass: restow(migrator.Options{})},
+		strategy{name: "operator", operator: []string{}},
+		strategy{name: "bare-patch-c16", series: "bare patch loop", concurrency: c16, pass: barePatchLoop(c16)},
+		strategy{name: "bare-patch-c64", series: "bare patch loop", concurrency: 64, pass: barePatchLoop(64)},
+		strategy{name: "sequential-patch", series: "sequential patch", concurrency: 1, pass: sequentialPatch},
+		strategy{name: "sequential-put", series: "sequential PUT", concurrency: 1, pass: sequentialPut},
+	)
 	for _, c := range []int{4, 8, 32} {
 		out = append(out,
 			strategy{name: fmt.Sprintf("restow-c%d", c), sweep: true, series: "restow", concurrency: c, pass: restow(migrator.Options{Concurrency: c})},

@@ -152,7 +152,7 @@ func plotThroughput(all []figures, path string) error {
 // in the benchmark process.
 func plotMemory(all []figures, path string) error {
 	var rss, heap plotter.XYs
-	var sizes []float64
+	sizes := make([]float64, 0, len(all))
 	for _, f := range all {
 		switch f.Strategy {
 		case "operator":
@@ -193,7 +193,7 @@ func plotMemory(all []figures, path string) error {
 }
 
 func ticks[T int | float64](values ...T) []plot.Tick {
-	var out []plot.Tick
+	out := make([]plot.Tick, 0, len(values))
 	for _, v := range values {
 		out = append(out, plot.Tick{Value: float64(v), Label: thousands(int(v))})
 	}
