@@ -51,7 +51,12 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, testenv.Options{
 		CRDDirectoryPaths: []string{"../config/crd/bases"},
 		APIServerArgs:     map[string]string{"etcd-compaction-interval": compactionInterval.String()},
-		AfterRun:          func() error { return os.Remove(kubeconfig) },
+		AfterRun: func() error {
+			if kubeconfig == "" {
+				return nil
+			}
+			return os.Remove(kubeconfig)
+		},
 	}, &env)
 }
 
