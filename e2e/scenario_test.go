@@ -315,7 +315,8 @@ func (s *scenario) assertDone(version string) {
 }
 
 // observe polls the CRD; whenever storedVersions lists one version, etcd
-// must hold every object at it.
+// must hold every object at it (checked on samples during which the CRD
+// did not change).
 func (s *scenario) observe() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -335,6 +336,13 @@ func (s *scenario) observe() {
 			counts, err := s.storedCounts(ctx)
 			if err != nil {
 				return false, nil //nolint:nilerr // keep observing; etcd errors here are the test's, not the manager's
+			}
+			// Count the sample only if the CRD did not change while etcd was
+			// read: a storage switch in between lets writers store at the
+			// new version before storedVersions lists it.
+			after := &apiextensionsv1.CustomResourceDefinition{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, after); err != nil || after.ResourceVersion != crd.ResourceVersion {
+				return false, nil //nolint:nilerr // a changed or unreadable CRD: take the next sample
 			}
 			for version, n := range counts {
 				if version != only && n > 0 {
