@@ -29,8 +29,7 @@ func webhookDown(t *testing.T) time.Duration {
 // with the manager binary, as every other scenario starts.
 func TestBaseline(t *testing.T) {
 	s := newScenario(t, "baseline")
-	manager := s.startManager("manager")
-	logFile(t, manager)
+	s.startManager("manager")
 	start := time.Now()
 	s.switchStorage("v1")
 	s.waitMigrated("v1", 5*time.Minute)
@@ -43,7 +42,6 @@ func TestBaseline(t *testing.T) {
 func TestManagerKilledMidPass(t *testing.T) {
 	s := newScenario(t, "kill")
 	first := s.startManager("first")
-	logFile(t, first)
 	s.switchStorage("v1")
 	s.waitMidPass()
 	first.Kill()
@@ -51,7 +49,6 @@ func TestManagerKilledMidPass(t *testing.T) {
 		t.Fatalf("no progress recorded before the kill: %+v, %v", sm.Status, err)
 	}
 	second := s.startManager("second")
-	logFile(t, second)
 	s.waitMigrated("v1", 5*time.Minute)
 	if !strings.Contains(second.Logs(), `"resumed":true`) {
 		t.Errorf("the second manager did not resume the pass from its continue token:\n%s", second.Logs())
@@ -64,8 +61,6 @@ func TestManagerKilledMidPass(t *testing.T) {
 func TestLeaderKilledMidPass(t *testing.T) {
 	s := newScenario(t, "failover")
 	a, b := s.startManager("replica-a"), s.startManager("replica-b")
-	logFile(t, a)
-	logFile(t, b)
 	leader, follower := whoLeads(t, a, b)
 	s.switchStorage("v1")
 	s.waitMidPass()
@@ -104,7 +99,6 @@ func whoLeads(t *testing.T, a, b *testmanager.Process) (leader, follower *testma
 func TestAPIServerRestartMidPass(t *testing.T) {
 	s := newScenario(t, "restart")
 	manager := s.startManager("manager")
-	logFile(t, manager)
 	s.switchStorage("v1")
 	s.waitMidPass()
 	stopped, ready, err := env.RestartAPIServer(t.Context(), 2*time.Second)
@@ -125,8 +119,7 @@ func TestAPIServerRestartMidPass(t *testing.T) {
 func TestConversionWebhookDown(t *testing.T) {
 	webhook := testenv.StartConversionWebhook(t, func(*unstructured.Unstructured, string) error { return nil })
 	s := newScenario(t, "webhook", withConversion(webhook.Conversion()))
-	manager := s.startManager("manager")
-	logFile(t, manager)
+	s.startManager("manager")
 	s.switchStorage("v1")
 	s.waitMidPass()
 	webhook.Stop()
@@ -157,8 +150,7 @@ func TestConversionWebhookDown(t *testing.T) {
 func TestWritersThroughout(t *testing.T) {
 	s := newScenario(t, "writers")
 	s.startWriters(4)
-	manager := s.startManager("manager")
-	logFile(t, manager)
+	s.startManager("manager")
 	time.Sleep(time.Second)
 	s.switchStorage("v1")
 	s.waitMigrated("v1", 5*time.Minute)
@@ -169,8 +161,7 @@ func TestWritersThroughout(t *testing.T) {
 // while the pass to v1 runs; the migration ends with everything at v2.
 func TestSecondSwitchMidPass(t *testing.T) {
 	s := newScenario(t, "switch", withVersions("v1beta1", "v1", "v2"))
-	manager := s.startManager("manager")
-	logFile(t, manager)
+	s.startManager("manager")
 	s.switchStorage("v1")
 	s.waitMidPass()
 	s.switchStorage("v2")
@@ -183,7 +174,6 @@ func TestSecondSwitchMidPass(t *testing.T) {
 func TestCRDDeletedMidPass(t *testing.T) {
 	s := newScenario(t, "deleted")
 	manager := s.startManager("manager")
-	logFile(t, manager)
 	s.switchStorage("v1")
 	s.waitMidPass()
 	s.stopObserve()
@@ -232,7 +222,6 @@ func TestContinueTokenExpires(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
 	manager := s.startManager("manager", "--log-level=2")
-	logFile(t, manager)
 	s.switchStorage("v1")
 	s.waitMigrated("v1", 10*time.Minute)
 	if !strings.Contains(manager.Logs(), "Continue token expired") {

@@ -196,7 +196,7 @@ func (s *scenario) object(version string, i int) *unstructured.Unstructured {
 // namespace, short stalled retries.
 func (s *scenario) startManager(name string, args ...string) *testmanager.Process {
 	s.t.Helper()
-	return testmanager.Start(s.t, testmanager.Options{
+	p := testmanager.Start(s.t, testmanager.Options{
 		Name:       name,
 		Kubeconfig: adminKubeconfig(s.t),
 		Args: append([]string{
@@ -207,6 +207,8 @@ func (s *scenario) startManager(name string, args ...string) *testmanager.Proces
 			"--status-interval=1s",
 		}, args...),
 	})
+	logFile(s.t, p)
+	return p
 }
 
 // switchStorage makes version the storage version.
