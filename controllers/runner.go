@@ -18,9 +18,6 @@ type run struct {
 	cancel     context.CancelFunc
 	generation int64
 	target     migrator.Target
-	startTime  metav1.Time
-	// base counts what an interrupted pass had done before this run resumed it.
-	base migrator.Counts
 
 	mu       sync.Mutex
 	progress migrator.Progress
@@ -57,6 +54,8 @@ type runner struct {
 	// storing at the storage version, for backoff.
 	waits map[string]int
 	wake  chan event.GenericEvent
+	// stopped is set once the manager stops: no pass starts after it.
+	stopped bool
 }
 
 func newRunner() *runner {
@@ -74,6 +73,7 @@ func (r *runner) get(name string) *run {
 func (r *runner) Start(ctx context.Context) error {
 	<-ctx.Done()
 	r.mu.Lock()
+	r.stopped = true
 	for name, current := range r.runs {
 		current.cancel()
 		delete(r.runs, name)
@@ -86,17 +86,23 @@ func (r *runner) Start(ctx context.Context) error {
 // NeedLeaderElection is false so that the runner outlives the reconcilers on shutdown.
 func (r *runner) NeedLeaderElection() bool { return false }
 
-// start runs fn in the background as the pass of sm. The pass outlives the
-// reconcile that started it, not the manager.
+// start runs fn in the background as the pass of sm, unless the manager is
+// stopping: a reconcile that comes late during shutdown starts nothing. The
+// pass outlives the reconcile that started it, not the manager.
 func (r *runner) start(ctx context.Context, sm *migrationv1alpha1.StorageMigration, current *run,
-	fn func(ctx context.Context, observe migrator.Observer) (migrator.Result, error)) {
+	fn func(ctx context.Context, observe migrator.Observer) (migrator.Result, error)) bool {
 	ctx, current.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	current.generation = sm.Generation
 	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		current.cancel()
+		return false
+	}
 	r.runs[sm.Name] = current
+	r.passes.Add(1)
 	r.mu.Unlock()
 	wakeObj := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: sm.Name}}
-	r.passes.Add(1)
 	go func() {
 		defer r.passes.Done()
 		resource := current.target.Resource.GroupResource().String()
@@ -121,6 +127,7 @@ func (r *runner) start(ctx context.Context, sm *migrationv1alpha1.StorageMigrati
 			// The reconciler's periodic requeue picks the result up.
 		}
 	}()
+	return true
 }
 
 // finish forgets a pass that ended.

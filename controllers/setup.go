@@ -23,6 +23,9 @@ type Options struct {
 	// RetryBackoff spaces retries of transient errors within a pass; zero
 	// means the migrator's default.
 	RetryBackoff wait.Backoff
+	// SettleWindow is how long after the storage switch a pass waits before
+	// it re-checks and prunes; zero means the migrator's default.
+	SettleWindow time.Duration
 
 	// AutoMigrate runs the automatic trigger: a StorageMigration for every
 	// CRD whose status.storedVersions lists more than its storage version.
@@ -50,6 +53,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		StalledRetryBase: opts.StalledRetryBase,
 		StalledRetryMax:  opts.StalledRetryMax,
 		RetryBackoff:     opts.RetryBackoff,
+		SettleWindow:     opts.SettleWindow,
 	}
 	if err := migrations.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the StorageMigration controller: %w", err)

@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -70,6 +71,9 @@ type StorageMigrationReconciler struct {
 	// RetryBackoff spaces retries of transient errors within a pass; zero
 	// means migrator.DefaultRetryBackoff.
 	RetryBackoff wait.Backoff
+	// SettleWindow is how long a pass waits after the storage switch before
+	// it re-checks and prunes; zero means migrator.DefaultSettleWindow.
+	SettleWindow time.Duration
 
 	runs *runner
 }
@@ -167,20 +171,38 @@ func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migratio
 			// cancelled and wakes us.
 			current.cancel()
 		}
-		sm.Status.Progress = passProgress(current, snap.progress)
-		if snap.progress.Retrying != "" {
-			return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+snap.progress.Retrying), r.StatusInterval
-		}
-		return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(current.target.TargetVersion(), sm.Status.Progress)), r.StatusInterval
+		sm.Status.Progress = passProgress(snap.progress)
+		sm.Status.FailedObjects = snap.progress.Failures
+		return passUnderWay(current.target.TargetVersion(), snap.progress, sm.Status.Progress), r.StatusInterval
 	}
 	r.runs.finish(sm.Name)
 	out, requeueAfter := r.passEnded(ctx, sm, current, snap)
-	if reRunRequested(sm) {
+	switch {
+	case current.generation != sm.Generation && out.phase != phaseStalled:
+		// The spec changed after the pass had ended: act on it now, so
+		// observedGeneration catches up.
+		out, requeueAfter = reconciling(migrationv1alpha1.ProgressingReason, "The spec changed; a new pass starts"), restartDelay
+	case reRunRequested(sm):
 		// A re-run was requested while this pass ran: it asks for a pass
 		// that starts after the request, so start one now.
 		requeueAfter = restartDelay
 	}
 	return out, requeueAfter
+}
+
+// passUnderWay says what a running pass is doing.
+func passUnderWay(target string, p migrator.Progress, status *migrationv1alpha1.PassProgress) outcome {
+	switch {
+	case p.Retrying != "":
+		return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+p.Retrying)
+	case p.Phase == migrationv1alpha1.PassSettling:
+		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf(
+			"All %d objects were rewritten to %s; waiting until %s, the end of the settle window, for writes that began on the old storage, then re-checking what others wrote meanwhile before pruning",
+			p.Listed, target, p.SettleUntil.UTC().Format(time.RFC3339)))
+	case p.Phase == migrationv1alpha1.PassRechecking:
+		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf("The settle window is over; rewriting again the objects others wrote within it (%d so far) before pruning", p.Rechecked))
+	}
+	return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(target, status))
 }
 
 func reRunRequested(sm *migrationv1alpha1.StorageMigration) bool {
@@ -192,103 +214,59 @@ func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migratio
 	log := ctrl.LoggerFrom(ctx)
 	target := current.target.TargetVersion()
 	resource := current.target.Resource.GroupResource().String()
-	// An interrupted pass keeps its last observed progress: its counts match
-	// its continue token, so a resumed pass does not count a page twice.
-	progress := passProgress(current, snap.progress)
 	var stalledErr *migrator.StalledError
 	switch err := snap.err; {
 	case errors.Is(err, context.Canceled):
-		// Cancelled for a new spec: start over from where it got to.
-		sm.Status.Progress = progress
+		// Cancelled for a new spec: start over from where it got to. The
+		// last progress matches its continue token, so a resumed pass
+		// counts no page twice.
+		sm.Status.Progress = passProgress(snap.progress)
 		passesTotal.WithLabelValues(resource, "restarted").Inc()
 		return reconciling(migrationv1alpha1.ProgressingReason, "Restarting the pass for the new spec"), restartDelay
+	case errors.Is(err, storedversions.ErrCRDChanged):
+		sm.Status.Progress = nil
+		r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.ProgressingReason, "Migrate", "CRD %s changed during the pass; starting a new pass", current.target.CRD.Name)
+		passesTotal.WithLabelValues(resource, "restarted").Inc()
+		return reconciling(migrationv1alpha1.ProgressingReason, "The CRD changed during the pass; a new pass starts"), restartDelay
 	case errors.As(err, &stalledErr):
 		sm.Status.Progress = nil
 		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, stalledErr.Reason, "Migrate", stalledErr.Message)
 		passesTotal.WithLabelValues(resource, "stalled").Inc()
 		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
 	case err != nil:
-		// Transient: keep the continue token and resume after a while.
-		sm.Status.Progress = progress
+		// Transient: keep the checkpoint and resume after a while.
+		sm.Status.Progress = passProgress(snap.progress)
 		log.Info("Pass paused by a transient error, resuming later", "error", err.Error())
 		passesTotal.WithLabelValues(resource, "transient").Inc()
 		return reconciling(migrationv1alpha1.TransientErrorReason, "The pass paused after transient errors and resumes shortly: "+migrator.Message(err)), transientRetryDelay
 	}
 
+	result := snap.result
 	sm.Status.Progress = nil
 	summary := &migrationv1alpha1.PassSummary{
-		ObjectCounts: addCounts(current.base, snap.result.Counts), StartTime: current.startTime, CompletionTime: metav1.Now(), TargetVersion: target,
+		ObjectCounts: result.Counts, StartTime: metav1.NewTime(result.StartTime), CompletionTime: metav1.Now(), TargetVersion: target, PrunedVersions: result.Pruned,
 	}
 	if current.target.CRD != nil {
 		summary.ServedVersions = current.target.CRD.ServedVersions
 	}
+	sm.Status.LastPass, sm.Status.FailedObjects = summary, result.Failures
 	if summary.Failed > 0 {
-		sm.Status.LastPass, sm.Status.FailedObjects = summary, snap.result.Failures
 		msg := fmt.Sprintf("%d of %d objects could not be rewritten to %s; status.failedObjects names them. Nothing was pruned; the pass is retried with backoff", summary.Failed, summary.Listed, target)
 		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.ObjectsFailedReason, "Migrate", msg)
 		passesTotal.WithLabelValues(resource, "stalled").Inc()
 		return stalled(migrationv1alpha1.ObjectsFailedReason, msg), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
 	}
-
-	if current.target.CRD != nil {
-		// A CRD deleted during the pass takes its objects with it: their
-		// patches found nothing and the pass "completed". Say what happened
-		// instead of Ready.
-		deleted, err := r.crdDeleted(ctx, current.target.CRD.Name)
-		switch {
-		case err != nil:
-			passesTotal.WithLabelValues(resource, "transient").Inc()
-			return reconciling(migrationv1alpha1.TransientErrorReason, "Reading the CRD after the pass failed and is retried: "+migrator.Message(err)), transientRetryDelay
-		case deleted != "":
-			r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", deleted)
-			passesTotal.WithLabelValues(resource, "stalled").Inc()
-			return stalled(migrationv1alpha1.UnsupportedReason, deleted), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
-		}
+	if len(result.Pruned) > 0 {
+		storedVersionsPrunes.WithLabelValues(resource).Inc()
+		r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "Pruned", "Prune", "Removed %v from status.storedVersions of CRD %s", result.Pruned, current.target.CRD.Name)
 	}
-	if current.target.CRD != nil && pruneEnabled(sm) {
-		// Until pruning succeeds the pass is not recorded: the next reconcile
-		// sees storedVersions (or the storage version) still differ and runs
-		// a new pass, which finds the objects stored already.
-		pruned, err := storedversions.Prune(ctx, r.Client, r.Migrator.Reader, current.target.CRD.Name, target, current.target.CRD.Generation)
-		switch {
-		case errors.Is(err, storedversions.ErrCRDChanged):
-			r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.ProgressingReason, "Migrate", "CRD %s changed during the pass; starting a new pass", current.target.CRD.Name)
-			passesTotal.WithLabelValues(resource, "restarted").Inc()
-			return reconciling(migrationv1alpha1.ProgressingReason, "The CRD changed during the pass; a new pass starts"), restartDelay
-		case err != nil:
-			passesTotal.WithLabelValues(resource, "transient").Inc()
-			return reconciling(migrationv1alpha1.TransientErrorReason, "Pruning status.storedVersions failed and is retried: "+migrator.Message(err)), transientRetryDelay
-		}
-		summary.PrunedVersions = pruned
-		if len(pruned) > 0 {
-			storedVersionsPrunes.WithLabelValues(resource).Inc()
-			r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "Pruned", "Prune", "Removed %v from status.storedVersions of CRD %s", pruned, current.target.CRD.Name)
-		}
-	}
-	sm.Status.LastPass, sm.Status.FailedObjects = summary, nil
 	r.runs.succeeded(sm.Name)
 	passesTotal.WithLabelValues(resource, "succeeded").Inc()
 	passDuration.WithLabelValues(resource).Observe(summary.CompletionTime.Sub(summary.StartTime.Time).Seconds())
 	msg := fmt.Sprintf("All %d objects are stored at %s", summary.Listed, target)
-	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s (%d rewritten, %d changed by others meanwhile)", msg, summary.Migrated, summary.Skipped)
-	log.Info("Pass succeeded", "targetVersion", target, "listed", summary.Listed, "migrated", summary.Migrated, "skipped", summary.Skipped, "pruned", summary.PrunedVersions)
+	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s (%d rewritten, %d changed by others meanwhile, %d rewritten again after the settle window)", msg, summary.Migrated, summary.Skipped, summary.Rechecked)
+	log.Info("Pass succeeded", "targetVersion", target, "listed", summary.Listed, "migrated", summary.Migrated, "skipped", summary.Skipped, "rechecked", summary.Rechecked, "pruned", summary.PrunedVersions)
 	return ready(msg), 0
-}
-
-// crdDeleted reads the CRD live and describes its deletion, or returns ""
-// while it stands.
-func (r *StorageMigrationReconciler) crdDeleted(ctx context.Context, name string) (string, error) {
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	err := r.Migrator.Reader.Get(ctx, client.ObjectKey{Name: name}, crd)
-	switch {
-	case apierrors.IsNotFound(err):
-		return fmt.Sprintf("CRD %s was deleted during the pass, with its objects; nothing is left to migrate", name), nil
-	case err != nil:
-		return "", err
-	case !crd.DeletionTimestamp.IsZero():
-		return fmt.Sprintf("CRD %s is being deleted, with its objects; nothing is left to migrate", name), nil
-	}
-	return "", nil
 }
 
 // startIfNeeded resolves the resource and starts a pass if it needs one.
@@ -318,8 +296,7 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		sm.Status.ObservedGeneration = sm.Generation
 		return ready(fmt.Sprintf("All objects are stored at %s", target.TargetVersion())), 0
 	}
-	r.start(ctx, sm, target, why)
-	return reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why)), r.StatusInterval
+	return r.start(ctx, sm, target, why), r.StatusInterval
 }
 
 // passNeeded says why the resource needs a pass, or returns "".
@@ -346,14 +323,16 @@ func passNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) 
 	return ""
 }
 
-// start launches a pass in the background, resuming an interrupted pass to
-// the same version from its continue token.
-func (r *StorageMigrationReconciler) start(ctx context.Context, sm *migrationv1alpha1.StorageMigration, target migrator.Target, why string) {
+// start launches a pass in the background, resuming an interrupted one from
+// its checkpoint when it was taken on the same CRD at the same generation.
+func (r *StorageMigrationReconciler) start(ctx context.Context, sm *migrationv1alpha1.StorageMigration, target migrator.Target, why string) outcome {
 	opts := migrator.Options{
 		Concurrency:  r.Concurrency,
 		PageSize:     r.PageSize,
 		ViaStatus:    sm.Spec.RewriteViaStatus != nil && *sm.Spec.RewriteViaStatus,
 		RetryBackoff: r.RetryBackoff,
+		SettleWindow: r.SettleWindow,
+		Prune:        pruneEnabled(sm),
 	}
 	if sm.Spec.Concurrency != nil {
 		opts.Concurrency = int(*sm.Spec.Concurrency)
@@ -361,38 +340,74 @@ func (r *StorageMigrationReconciler) start(ctx context.Context, sm *migrationv1a
 	if sm.Spec.PageSize != nil {
 		opts.PageSize = int64(*sm.Spec.PageSize)
 	}
-	current := &run{target: target, startTime: metav1.Now()}
-	if p := sm.Status.Progress; p != nil && sm.Status.TargetVersion == target.TargetVersion() {
-		opts.Continue = p.ContinueToken
-		current.startTime = p.StartTime
-		current.base = p.ObjectCounts
+	cp := checkpoint(&sm.Status)
+	resumed := cp.Resumes(target)
+	if !resumed {
+		if cp != nil {
+			why = "starting over: the CRD or the target version changed since the interrupted pass"
+		}
+		cp = migrator.NewCheckpoint(target)
 	}
-	current.progress = migrator.Progress{Continue: opts.Continue}
+	opts.Resume = cp
+	current := &run{target: target, progress: migrator.Progress{Checkpoint: *cp}, counted: cp.Counts}
 
 	sm.Status.TargetVersion = target.TargetVersion()
 	sm.Status.ObservedGeneration = sm.Generation
 	sm.Status.LastHandledReRunToken = sm.Annotations[migrationv1alpha1.ReRunAnnotation]
-	sm.Status.Progress = passProgress(current, current.progress)
+	sm.Status.Progress = passProgress(current.progress)
+	sm.Status.FailedObjects = cp.Failures
 
-	ctrl.LoggerFrom(ctx).Info("Starting pass", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", opts.Continue != "")
-	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "PassStarted", "Migrate", "Rewriting %s to %s: %s", target.Resource.GroupResource(), target.TargetVersion(), why)
 	log := ctrl.LoggerFrom(ctx)
-	r.runs.start(ctx, sm, current, func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
-		return r.Migrator.Rewrite(ctrl.LoggerInto(ctx, log), target, opts, observe)
+	started := r.runs.start(ctx, sm, current, func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
+		return r.Migrator.Migrate(ctrl.LoggerInto(ctx, log), target, opts, observe)
 	})
+	if !started {
+		return reconciling(migrationv1alpha1.ProgressingReason, "The operator is stopping; the pass starts when it runs again")
+	}
+	log.Info("Starting pass", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed)
+	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "PassStarted", "Migrate", "Rewriting %s to %s: %s", target.Resource.GroupResource(), target.TargetVersion(), why)
+	return reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why))
 }
 
-func passProgress(current *run, p migrator.Progress) *migrationv1alpha1.PassProgress {
-	return &migrationv1alpha1.PassProgress{
-		ObjectCounts:      addCounts(current.base, p.Counts),
-		StartTime:         current.startTime,
-		RemainingEstimate: p.RemainingEstimate,
-		ContinueToken:     p.Continue,
+// checkpoint is the checkpoint of an interrupted pass saved in status, or nil.
+func checkpoint(status *migrationv1alpha1.StorageMigrationStatus) *migrator.Checkpoint {
+	p := status.Progress
+	if p == nil {
+		return nil
+	}
+	phase := p.Phase
+	if phase == "" {
+		phase = migrationv1alpha1.PassRewriting
+	}
+	return &migrator.Checkpoint{
+		Phase:               phase,
+		StartTime:           p.StartTime.Time,
+		TargetVersion:       status.TargetVersion,
+		CRDUID:              types.UID(p.CRDUID),
+		CRDGeneration:       p.CRDGeneration,
+		ListResourceVersion: p.ListResourceVersion,
+		Continue:            p.ContinueToken,
+		Counts:              p.ObjectCounts,
+		Failures:            status.FailedObjects,
 	}
 }
 
-func addCounts(a, b migrator.Counts) migrator.Counts {
-	return migrator.Counts{Listed: a.Listed + b.Listed, Migrated: a.Migrated + b.Migrated, Skipped: a.Skipped + b.Skipped, Failed: a.Failed + b.Failed}
+// passProgress is status.progress for a pass's progress.
+func passProgress(p migrator.Progress) *migrationv1alpha1.PassProgress {
+	progress := &migrationv1alpha1.PassProgress{
+		ObjectCounts:        p.Counts,
+		StartTime:           metav1.NewTime(p.StartTime),
+		RemainingEstimate:   p.RemainingEstimate,
+		ContinueToken:       p.Continue,
+		Phase:               p.Phase,
+		CRDUID:              string(p.CRDUID),
+		CRDGeneration:       p.CRDGeneration,
+		ListResourceVersion: p.ListResourceVersion,
+	}
+	if p.Phase != migrationv1alpha1.PassRewriting && !p.SettleUntil.IsZero() {
+		progress.SettleUntil = &metav1.Time{Time: p.SettleUntil}
+	}
+	return progress
 }
 
 func pruneEnabled(sm *migrationv1alpha1.StorageMigration) bool {

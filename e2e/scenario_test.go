@@ -205,6 +205,9 @@ func (s *scenario) startManager(name string, args ...string) *testmanager.Proces
 			"--stalled-retry-base=1s",
 			"--stalled-retry-max=5s",
 			"--status-interval=1s",
+			// Short: no scenario holds a write on the old storage for long.
+			// TestHeldWriteDuringSwitch (controllers) proves the window.
+			"--settle-window=3s",
 		}, args...),
 	})
 	logFile(s.t, p)

@@ -29,6 +29,11 @@ const (
 	// server does not serve the new storage version yet.
 	WaitingForStorageVersionReason = "WaitingForStorageVersion"
 
+	// SettlingReason (Reconciling=True, Ready=False): every object was
+	// rewritten; the pass waits for the settle window to end, then rewrites
+	// again what others wrote within it, before it prunes.
+	SettlingReason = "Settling"
+
 	// TransientErrorReason (Reconciling=True, Ready=False): the API server or a
 	// conversion webhook is failing transiently; the pass retries with backoff.
 	TransientErrorReason = "TransientError"

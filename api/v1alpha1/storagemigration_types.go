@@ -140,7 +140,27 @@ type ObjectCounts struct {
 	// failed is the number of objects that could not be rewritten.
 	// +optional
 	Failed int64 `json:"failed"`
+	// rechecked is the number of objects written by someone else between the
+	// storage switch and the end of the settle window, which the pass
+	// rewrote again after the window before pruning.
+	// +optional
+	Rechecked int64 `json:"rechecked,omitempty"`
 }
+
+// PassPhase is where a pass stands.
+// +kubebuilder:validation:Enum=Rewriting;Settling;Rechecking
+type PassPhase string
+
+const (
+	// PassRewriting: the pass lists and rewrites every object.
+	PassRewriting PassPhase = "Rewriting"
+	// PassSettling: every object was rewritten; the pass waits for the settle
+	// window, so that no write that began on the old storage can still commit.
+	PassSettling PassPhase = "Settling"
+	// PassRechecking: the settle window is over; the pass rewrites again the
+	// objects others wrote within it.
+	PassRechecking PassPhase = "Rechecking"
+)
 
 // PassProgress is the progress of a pass under way.
 type PassProgress struct {
@@ -160,6 +180,30 @@ type PassProgress struct {
 	// +kubebuilder:validation:MaxLength=4096
 	// +optional
 	ContinueToken string `json:"continueToken,omitempty"`
+
+	// phase is where the pass stands: Rewriting, Settling or Rechecking.
+	// +optional
+	Phase PassPhase `json:"phase,omitempty"`
+
+	// settleUntil is when the settle window of the pass ends: writes that
+	// began on the old storage before the switch may commit until then.
+	// +optional
+	SettleUntil *metav1.Time `json:"settleUntil,omitempty"`
+
+	// crdUID and crdGeneration identify the CRD the pass started on. A pass
+	// resumes only on the same CRD at the same generation; otherwise it
+	// starts over from the first page.
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	CRDUID string `json:"crdUID,omitempty"`
+	// +optional
+	CRDGeneration int64 `json:"crdGeneration,omitempty"`
+
+	// listResourceVersion is the resourceVersion of the pass's list snapshot:
+	// an object not written since was rewritten by the pass itself.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	ListResourceVersion string `json:"listResourceVersion,omitempty"`
 }
 
 // PassSummary summarises a finished pass.

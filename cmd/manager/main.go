@@ -42,6 +42,7 @@ type options struct {
 	concurrency          int
 	pageSize             int64
 	statusInterval       time.Duration
+	settleWindow         time.Duration
 	stalledRetryBase     time.Duration
 	stalledRetryMax      time.Duration
 	autoMigrate          bool
@@ -73,6 +74,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.burst, "kube-api-burst", 2000, "Client-side burst of requests to the API server.")
 	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency.")
 	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
+	fs.DurationVar(&o.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after it sees a storage switch a pass waits before it re-checks what others wrote and prunes status.storedVersions: writes that began on the old storage may commit until then. At least twice the API server's --request-timeout (default 60s).")
 	fs.DurationVar(&o.statusInterval, "status-interval", 5*time.Second, "How often a running pass writes its progress into status.")
 	fs.DurationVar(&o.stalledRetryBase, "stalled-retry-base", 30*time.Second, "First delay before a Stalled migration is tried again; doubles each time.")
 	fs.BoolVar(&o.autoMigrate, "auto-migrate", true, "Create a StorageMigration for every CRD whose status.storedVersions lists more than its storage version.")
@@ -155,6 +157,7 @@ func run(args []string) error {
 		Concurrency:         opts.concurrency,
 		PageSize:            opts.pageSize,
 		StatusInterval:      opts.statusInterval,
+		SettleWindow:        opts.settleWindow,
 		StalledRetryBase:    opts.stalledRetryBase,
 		StalledRetryMax:     opts.stalledRetryMax,
 		AutoMigrate:         opts.autoMigrate,

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"time"
 
@@ -72,6 +73,7 @@ func Follow(ctx context.Context, c client.Reader, name string, total int64, unti
 	sm := &migrationv1alpha1.StorageMigration{}
 	var bar *progress
 	var outcome Outcome
+	settling := false
 	err := wait.PollUntilContextCancel(ctx, followInterval, true, func(ctx context.Context) (bool, error) {
 		if err := c.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
 			return false, client.IgnoreNotFound(err)
@@ -86,6 +88,15 @@ func Follow(ctx context.Context, c client.Reader, name string, total int64, unti
 		if bar == nil {
 			bar = newProgress(out, "Rewriting "+resourceOf(sm)+" to "+sm.Status.TargetVersion, total)
 		}
+		if p.Phase == migrationv1alpha1.PassSettling && p.SettleUntil != nil && !settling {
+			settling = true
+			bar.set(processed(p.ObjectCounts), p.Listed)
+			bar.finish()
+			fmt.Fprintf(out, "Settling: every object was rewritten; waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Local().Format(time.TimeOnly))
+		}
+		if settling {
+			return false, nil
+		}
 		estimate := int64(-1)
 		if p.RemainingEstimate != nil {
 			estimate = p.Listed + *p.RemainingEstimate
@@ -93,7 +104,7 @@ func Follow(ctx context.Context, c client.Reader, name string, total int64, unti
 		bar.set(processed(p.ObjectCounts), estimate)
 		return false, nil
 	})
-	if outcome == Succeeded && sm.Status.LastPass != nil {
+	if outcome == Succeeded && sm.Status.LastPass != nil && !settling {
 		if bar == nil {
 			// The pass ended between two reads.
 			bar = newProgress(out, "Rewriting "+resourceOf(sm)+" to "+sm.Status.LastPass.TargetVersion, total)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/cli-runtime/pkg/printers"
 
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/storedversions"
 )
@@ -22,12 +23,13 @@ import (
 const resolveInterval = 250 * time.Millisecond
 
 type runOptions struct {
-	dryRun      bool
-	prune       bool
-	viaStatus   bool
-	concurrency int
-	pageSize    int64
-	timeout     time.Duration
+	dryRun       bool
+	prune        bool
+	viaStatus    bool
+	concurrency  int
+	pageSize     int64
+	settleWindow time.Duration
+	timeout      time.Duration
 }
 
 func newRunCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -37,9 +39,12 @@ func newRunCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Comman
 		Short: "Run one migration pass in-process, without the operator",
 		Long: `run rewrites every object of the resource so the API server stores it at the
 CRD's storage version, with the operator's own engine, then prunes the CRD's
-status.storedVersions. It needs no operator: use it in CI jobs, Helm hooks and
-Argo CD PostSync hooks. It exits 2 if objects could not be rewritten (they are
-listed; nothing is pruned) and 3 on --timeout.`,
+status.storedVersions. Before it prunes it waits out the settle window
+(--settle-window, counted from when it saw the API server store at the new
+version), so that writes that began on the old storage have ended, and
+rewrites again what others wrote meanwhile. It needs no operator: use it in CI
+jobs, Helm hooks and Argo CD PostSync hooks. It exits 2 if objects could not
+be rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 		Example: `  kubectl restow run crontabs.stable.example.com
   kubectl restow run crontabs --dry-run`,
 		Args: cobra.ExactArgs(1),
@@ -62,6 +67,7 @@ listed; nothing is pruned) and 3 on --timeout.`,
 	cmd.Flags().BoolVar(&opts.viaStatus, "via-status", false, "Rewrite through the /status subresource (steps around admission on the main resource).")
 	cmd.Flags().IntVar(&opts.concurrency, "concurrency", migrator.DefaultConcurrency, "Objects rewritten in parallel.")
 	cmd.Flags().Int64Var(&opts.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page.")
+	cmd.Flags().DurationVar(&opts.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after the storage switch writes that began on the old storage may still commit: at least twice the API server's --request-timeout.")
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", 0, "Give up after this long (0: no limit).")
 	return cmd
 }
@@ -98,27 +104,44 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	}
 	bar := newProgress(streams.Out, fmt.Sprintf("Rewriting %s to %s", gr, version), total)
 	start := time.Now()
-	result, err := c.migrator.Rewrite(ctx, target, migrator.Options{
-		Concurrency: opts.concurrency,
-		PageSize:    opts.pageSize,
-		ViaStatus:   opts.viaStatus,
+	var phase migrator.Phase
+	result, err := c.migrator.Migrate(ctx, target, migrator.Options{
+		Concurrency:  opts.concurrency,
+		PageSize:     opts.pageSize,
+		ViaStatus:    opts.viaStatus,
+		SettleWindow: opts.settleWindow,
+		Prune:        opts.prune,
 	}, func(p migrator.Progress) {
-		estimate := int64(-1)
-		if p.RemainingEstimate != nil {
-			estimate = p.Listed + *p.RemainingEstimate
+		if p.Phase == migrationv1alpha1.PassRewriting {
+			estimate := int64(-1)
+			if p.RemainingEstimate != nil {
+				estimate = p.Listed + *p.RemainingEstimate
+			}
+			bar.set(processed(p.Counts), estimate)
+			return
 		}
-		bar.set(processed(p.Counts), estimate)
+		if p.Phase != phase && p.Phase == migrationv1alpha1.PassSettling {
+			bar.set(processed(p.Counts), p.Listed)
+			bar.finish()
+			fmt.Fprintf(streams.ErrOut, "Settling: waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Format(time.TimeOnly))
+		}
+		phase = p.Phase
 	})
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	var stalledErr *migrator.StalledError
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, storedversions.ErrCRDChanged):
+		return fmt.Errorf("CRD %s changed during the pass, so status.storedVersions was not pruned: run again", target.CRD.Name)
+	case errors.As(err, &stalledErr):
+		return &exitError{code: ExitPending, err: fmt.Errorf("%s: %s; nothing was pruned", stalledErr.Reason, stalledErr.Message)}
+	case err != nil:
 		return fmt.Errorf("the pass stopped: %s", migrator.Message(err))
 	}
 	bar.set(processed(result.Counts), result.Listed)
 	bar.finish()
-	fmt.Fprintf(streams.Out, "%d objects in %s: %d rewritten, %d changed by others meanwhile, %d failed.\n",
-		result.Listed, time.Since(start).Round(time.Millisecond), result.Migrated, result.Skipped, result.Failed)
+	fmt.Fprintf(streams.Out, "%d objects in %s: %d rewritten, %d changed by others meanwhile, %d rewritten again after the settle window, %d failed.\n",
+		result.Listed, time.Since(start).Round(time.Millisecond), result.Migrated, result.Skipped, result.Rechecked, result.Failed)
 
 	if result.Failed > 0 {
 		w := printers.GetNewTabWriter(streams.Out)
@@ -131,17 +154,8 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 		}
 		return &exitError{code: ExitPending, err: fmt.Errorf("%d objects of %s could not be rewritten to %s (the first %d are listed); nothing was pruned", result.Failed, gr, version, len(result.Failures))}
 	}
-	if target.CRD == nil || !opts.prune {
-		return nil
-	}
-	pruned, err := storedversions.Prune(ctx, c.client, c.client, target.CRD.Name, version, target.CRD.Generation)
-	switch {
-	case errors.Is(err, storedversions.ErrCRDChanged):
-		return fmt.Errorf("CRD %s changed during the pass, so status.storedVersions was not pruned: run again", target.CRD.Name)
-	case err != nil:
-		return fmt.Errorf("pruning status.storedVersions of CRD %s: %w", target.CRD.Name, err)
-	case len(pruned) > 0:
-		fmt.Fprintf(streams.Out, "Removed %v from status.storedVersions of CRD %s.\n", pruned, target.CRD.Name)
+	if len(result.Pruned) > 0 {
+		fmt.Fprintf(streams.Out, "Removed %v from status.storedVersions of CRD %s.\n", result.Pruned, target.CRD.Name)
 	}
 	return nil
 }

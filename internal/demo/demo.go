@@ -30,6 +30,15 @@ import (
 	"github.com/restow/restow/internal/testoperator"
 )
 
+// The demo's control plane ends requests after demoRequestTimeout, so writes
+// that began on a CRD's old storage end within twice that, and the settle
+// window can be short: demoSettleWindow instead of the 2 minutes that the
+// API server's default --request-timeout of 60 s needs.
+const (
+	demoRequestTimeout = 5 * time.Second
+	demoSettleWindow   = 2 * demoRequestTimeout
+)
+
 // The demo CRD.
 const (
 	group   = "stable.example.com"
@@ -65,7 +74,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	fmt.Fprintf(out, "restow demo: %d objects of a CRD whose storage version changes\n", opts.Objects)
 	step(out, 1, "Starting a throw-away control plane: etcd and kube-apiserver, built from source, on 127.0.0.1.")
-	env, err := testenv.Start(testenv.Options{CRDDirectoryPaths: []string{opts.CRDDirectory}})
+	env, err := testenv.Start(testenv.Options{
+		CRDDirectoryPaths: []string{opts.CRDDirectory},
+		APIServerArgs:     map[string]string{"request-timeout": demoRequestTimeout.String()},
+	})
 	if err != nil {
 		return err
 	}
@@ -125,11 +137,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 	fmt.Fprintf(out, "     %s\n", refused)
 
 	step(out, 5, "Starting the restow operator (in-process, automatic migration on; its log: %s).", logPath)
+	fmt.Fprintf(out, "   Before it prunes, restow waits out a settle window from the switch, so that writes that began on the\n"+
+		"   old storage have ended, then rewrites again what others wrote meanwhile. This control plane runs\n"+
+		"   kube-apiserver with --request-timeout=%s, so the window is %s (twice that); with the default 60s, it is 2m.\n",
+		demoRequestTimeout, demoSettleWindow)
 	// Status every second, so the progress moves along.
 	stopOperator, err := testoperator.Run(ctx, env.Config, env.Scheme, controllers.Options{
 		StatusInterval:   time.Second,
 		StalledRetryBase: 5 * time.Second,
 		StalledRetryMax:  time.Minute,
+		SettleWindow:     demoSettleWindow,
 		AutoMigrate:      true,
 	})
 	if err != nil {
@@ -153,8 +170,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("StorageMigration %s ended %v: %+v", crdName, outcome, sm.Status.Conditions)
 	}
 	last := sm.Status.LastPass
-	fmt.Fprintf(out, "   StorageMigration %s is Ready: %d objects in %s, %d rewritten, %d changed by others meanwhile; it removed %v from status.storedVersions.\n",
-		sm.Name, last.Listed, last.CompletionTime.Sub(last.StartTime.Time).Round(time.Second), last.Migrated, last.Skipped, last.PrunedVersions)
+	fmt.Fprintf(out, "   StorageMigration %s is Ready: %d objects in %s including the settle window, %d rewritten, %d changed by others meanwhile,\n"+
+		"   %d rewritten again after the window; it removed %v from status.storedVersions.\n",
+		sm.Name, last.Listed, last.CompletionTime.Sub(last.StartTime.Time).Round(time.Second), last.Migrated, last.Skipped, last.Rechecked, last.PrunedVersions)
 
 	step(out, 6, "The proof, read from etcd (an API read converts objects and proves nothing about storage):")
 	if err := show.stored(ctx, map[string]int{"v1": opts.Objects}); err != nil {

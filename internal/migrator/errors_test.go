@@ -84,7 +84,7 @@ func TestMessageIsBounded(t *testing.T) {
 // A list answered 404 means the resource is gone (its CRD was deleted):
 // Stalled/Unsupported, not a transient error retried forever.
 func TestPassErrorListNotFoundStalls(t *testing.T) {
-	p := &pass{target: Target{Resource: schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}}}
+	p := &migration{target: Target{Resource: schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}}}
 	err := p.passError("listing", apierrors.NewNotFound(schema.GroupResource{Group: "example.com", Resource: "widgets"}, ""))
 	var stalled *StalledError
 	if !errors.As(err, &stalled) || stalled.Reason != migrationv1alpha1.UnsupportedReason || !strings.Contains(stalled.Message, "no longer exists") {

@@ -12,6 +12,7 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/endpoints/discovery"
 	clientdiscovery "k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -82,37 +83,47 @@ func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
 	return false
 }
 
-// ErrCRDChanged means the CRD's storage version or spec changed since the
-// pass began, so the pass proves nothing about the current storage version
-// and a new pass must run before pruning.
+// ErrCRDChanged means the CRD changed since the pass began (another storage
+// version, spec or identity), so the pass proves nothing about the current
+// storage version and a new pass must run before pruning.
 var ErrCRDChanged = errors.New("the CRD changed since the pass began")
 
-// Prune trims a CRD's status.storedVersions to [target], provided that a live
-// read shows the storage version still equals target and metadata.generation
-// still equals generation (the CRD's spec did not change during the pass).
-// The write carries the read's resourceVersion, so a concurrent change fails
-// it rather than being overwritten. It returns the versions it removed.
-func Prune(ctx context.Context, c client.Client, reader client.Reader, name, target string, generation int64) ([]string, error) {
+// Expected is the CRD a pass ran on: its name and UID, its storage version
+// and metadata.generation when the pass started.
+type Expected struct {
+	Name           string
+	UID            types.UID
+	StorageVersion string
+	Generation     int64
+}
+
+// Prune trims a CRD's status.storedVersions to [want.StorageVersion],
+// provided that a live read shows the same CRD (UID) with the same storage
+// version and metadata.generation (its spec did not change since the pass
+// started). The write carries the read's resourceVersion, so a concurrent
+// change fails it rather than being overwritten. It returns the versions it
+// removed.
+func Prune(ctx context.Context, c client.Client, reader client.Reader, want Expected) ([]string, error) {
 	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := reader.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+	if err := reader.Get(ctx, client.ObjectKey{Name: want.Name}, crd); err != nil {
 		return nil, err
 	}
-	if StorageVersion(crd) != target || crd.Generation != generation {
+	if crd.UID != want.UID || StorageVersion(crd) != want.StorageVersion || crd.Generation != want.Generation {
 		return nil, ErrCRDChanged
 	}
-	if slices.Equal(crd.Status.StoredVersions, []string{target}) {
+	if slices.Equal(crd.Status.StoredVersions, []string{want.StorageVersion}) {
 		return nil, nil
 	}
 	var pruned []string
 	for _, v := range crd.Status.StoredVersions {
-		if v != target {
+		if v != want.StorageVersion {
 			pruned = append(pruned, v)
 		}
 	}
 	original := crd.DeepCopy()
-	crd.Status.StoredVersions = []string{target}
+	crd.Status.StoredVersions = []string{want.StorageVersion}
 	if err := c.Status().Patch(ctx, crd, client.MergeFromWithOptions(original, client.MergeFromWithOptimisticLock{})); err != nil {
-		return nil, fmt.Errorf("pruning status.storedVersions of %s: %w", name, err)
+		return nil, fmt.Errorf("pruning status.storedVersions of %s: %w", want.Name, err)
 	}
 	return pruned, nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -71,7 +72,7 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("NotServingStorageVersion = %q, %v after the switch settled", why, err)
 	}
 
-	pruned, err := storedversions.Prune(ctx, env.Client, env.Client, crd.Name, "v1", crd.Generation)
+	pruned, err := storedversions.Prune(ctx, env.Client, env.Client, storedversions.Expected{Name: crd.Name, UID: crd.UID, StorageVersion: "v1", Generation: crd.Generation})
 	if err != nil || !slices.Equal(pruned, []string{"v1beta1"}) {
 		t.Fatalf("Prune = %v, %v; want [v1beta1]", pruned, err)
 	}
@@ -82,7 +83,7 @@ func TestPrune(t *testing.T) {
 		t.Errorf("storedVersions = %v after pruning, want [v1]", crd.Status.StoredVersions)
 	}
 	// Pruning again changes nothing.
-	if pruned, err := storedversions.Prune(ctx, env.Client, env.Client, crd.Name, "v1", crd.Generation); err != nil || len(pruned) != 0 {
+	if pruned, err := storedversions.Prune(ctx, env.Client, env.Client, storedversions.Expected{Name: crd.Name, UID: crd.UID, StorageVersion: "v1", Generation: crd.Generation}); err != nil || len(pruned) != 0 {
 		t.Errorf("second Prune = %v, %v; want nothing pruned", pruned, err)
 	}
 }
@@ -94,13 +95,15 @@ func TestPruneRefusesWhenTheCRDChanged(t *testing.T) {
 		name       string
 		target     string
 		generation int64
+		uid        types.UID
 	}{
-		{"spec changed since the pass began", "v1", crd.Generation - 1},
-		{"storage version is not the target", "v1beta1", crd.Generation},
+		{"spec changed since the pass began", "v1", crd.Generation - 1, crd.UID},
+		{"storage version is not the target", "v1beta1", crd.Generation, crd.UID},
+		{"the CRD was deleted and created again", "v1", crd.Generation, "another-uid"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			pruned, err := storedversions.Prune(ctx, env.Client, env.Client, crd.Name, tt.target, tt.generation)
+			pruned, err := storedversions.Prune(ctx, env.Client, env.Client, storedversions.Expected{Name: crd.Name, UID: tt.uid, StorageVersion: tt.target, Generation: tt.generation})
 			if !errors.Is(err, storedversions.ErrCRDChanged) || pruned != nil {
 				t.Fatalf("Prune = %v, %v; want ErrCRDChanged", pruned, err)
 			}

@@ -32,6 +32,10 @@ func Start(t testing.TB, cfg *rest.Config, scheme *runtime.Scheme, opts controll
 	if opts.StalledRetryBase == 0 {
 		opts.StalledRetryBase, opts.StalledRetryMax = 500*time.Millisecond, 2*time.Second
 	}
+	if opts.SettleWindow == 0 {
+		// The tests' writes end long before this; tests of the window set their own.
+		opts.SettleWindow = 300 * time.Millisecond
+	}
 	if opts.RetryBackoff.Steps == 0 {
 		opts.RetryBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 5, Cap: time.Second}
 	}

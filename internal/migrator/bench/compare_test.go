@@ -425,7 +425,9 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		f.pruneStoredVersions(b)
 		manager := testmanager.Start(b, testmanager.Options{
 			Kubeconfig: kubeconfig,
-			Args:       append([]string{"--auto-migrate-selector=" + benchLabel + "=" + strconv.Itoa(f.n)}, s.operator...),
+			// The settle window is a safety wait, not work: kept short here
+			// so the figure is the pass itself.
+			Args: append([]string{"--auto-migrate-selector=" + benchLabel + "=" + strconv.Itoa(f.n), "--settle-window=1s"}, s.operator...),
 		})
 		if err := manager.WaitLeader(ctx, time.Minute); err != nil {
 			b.Fatal(err)

@@ -1,0 +1,667 @@
+package migrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/metadata"
+	"k8s.io/klog/v2"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/storedversions"
+)
+
+// Defaults for a migration.
+const (
+	DefaultConcurrency = 16
+	DefaultPageSize    = 500
+	// DefaultSettleWindow is twice kube-apiserver's default --request-timeout
+	// of 60 s: the API server tears a CRD's old storage down at the latest
+	// that long after a switch, once requests that began on it have ended.
+	DefaultSettleWindow = 2 * time.Minute
+	// maxFailedObjects bounds the failures a pass keeps, as the API does.
+	maxFailedObjects = 10
+	// maxChangedRetries bounds how often one object is re-read and patched
+	// again because others keep changing it while its managedFields need
+	// re-pointing.
+	maxChangedRetries = 5
+)
+
+// DefaultRetryBackoff spaces the attempts at one request after transient
+// errors: 8 attempts, 250 ms apart at first and doubling, about 32 seconds in
+// all (up to 20% more with jitter), before the object counts as failing. No
+// cap: wait.Backoff ends the steps early once a delay reaches its cap.
+var DefaultRetryBackoff = wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8}
+
+// Counts counts objects by outcome.
+type Counts = migrationv1alpha1.ObjectCounts
+
+// Failure is an object the pass could not rewrite.
+type Failure = migrationv1alpha1.FailedObject
+
+// Phase is where a migration stands.
+type Phase = migrationv1alpha1.PassPhase
+
+// Options tune a migration.
+type Options struct {
+	Concurrency int
+	PageSize    int64
+	// ViaStatus rewrites through the /status subresource.
+	ViaStatus bool
+	// RetryBackoff spaces retries of transient errors; zero means DefaultRetryBackoff.
+	RetryBackoff wait.Backoff
+	// SettleWindow is how long after the migration saw the storage switch a
+	// write that began on the old storage may still commit: the prune waits
+	// for it. Zero means DefaultSettleWindow; see docs/architecture.md.
+	SettleWindow time.Duration
+	// Prune trims the CRD's status.storedVersions at the end.
+	Prune bool
+	// Resume continues a migration from the Checkpoint of its last Progress.
+	// It is ignored, and the migration starts over, unless it was taken on
+	// the same CRD (UID) at the same generation and target version.
+	Resume *Checkpoint
+	// Continue starts Rewrite after the page that ended with this token.
+	Continue string
+}
+
+// Checkpoint is what a migration needs to resume: the caller saves it from
+// each Progress (the operator in status.progress) and passes it back in
+// Options.Resume.
+type Checkpoint struct {
+	Phase Phase
+	// StartTime is when the migration began, just after it saw the API
+	// server store at the target version: the settle window counts from it.
+	StartTime time.Time
+	// TargetVersion, CRDUID and CRDGeneration bind the checkpoint to the
+	// CRD the migration began on.
+	TargetVersion string
+	CRDUID        types.UID
+	CRDGeneration int64
+	// ListResourceVersion is the resourceVersion of the first pass's list
+	// snapshot; objects not written since were rewritten as no-ops.
+	ListResourceVersion string
+	// Continue resumes the first pass after the last page whose every
+	// object is done. Counts and Failures match it exactly.
+	Continue string
+	Counts
+	Failures []Failure
+}
+
+// Resumes reports whether cp was taken on the CRD and version of target, at
+// the same generation: only then may a migration go on from it. Otherwise
+// pages it passed may hold objects written at another version since.
+func (cp *Checkpoint) Resumes(target Target) bool {
+	if cp == nil || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() {
+		return false
+	}
+	if target.CRD == nil {
+		return cp.CRDUID == ""
+	}
+	return cp.CRDUID == target.CRD.UID && cp.CRDGeneration == target.CRD.Generation
+}
+
+// Progress is a snapshot of a migration under way.
+type Progress struct {
+	Checkpoint
+	// RemainingEstimate is the list's remainingItemCount after the last page, if given.
+	RemainingEstimate *int64
+	// Retrying describes the transient error being retried, or is "".
+	Retrying string
+	// SettleUntil is when the settle window ends.
+	SettleUntil time.Time
+}
+
+// Result is the outcome of a migration that reached its end.
+type Result struct {
+	Counts
+	// Failures holds the first few objects that could not be rewritten.
+	Failures []Failure
+	// Pruned are the versions removed from status.storedVersions.
+	Pruned []string
+	// StartTime is when the migration began (for a resumed one, the first start).
+	StartTime time.Time
+}
+
+// Observer receives progress. It may be called from several goroutines and
+// must be cheap: it runs after every page and on every transient error.
+type Observer func(Progress)
+
+// migration is the state of one Migrate or Rewrite.
+type migration struct {
+	m        *Migrator
+	target   Target
+	opts     Options
+	observe  Observer
+	resource metadata.Getter
+
+	// successes counts requests that succeeded, as evidence that the API
+	// server works while one object keeps failing.
+	successes atomic.Int64
+	// retrying counts objects whose requests are failing transiently now.
+	retrying atomic.Int64
+
+	mu sync.Mutex
+	// cp is committed at page boundaries.
+	cp          Checkpoint
+	remaining   *int64
+	retryingMsg string
+	settleUntil time.Time
+	stopErr     error
+	// proven records the resourceVersions the pass's own rewrites produced
+	// or confirmed after the list snapshot, until windowEnd is known; see
+	// finish.go.
+	proven    map[string]struct{}
+	windowEnd string
+}
+
+func newMigration(m *Migrator, target Target, opts Options, observe Observer) *migration {
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = DefaultConcurrency
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = DefaultPageSize
+	}
+	if opts.RetryBackoff.Steps == 0 {
+		opts.RetryBackoff = DefaultRetryBackoff
+	}
+	if opts.SettleWindow == 0 {
+		opts.SettleWindow = DefaultSettleWindow
+	}
+	if observe == nil {
+		observe = func(Progress) {}
+	}
+	mg := &migration{m: m, target: target, opts: opts, observe: observe, resource: m.Metadata.Resource(target.Resource), proven: map[string]struct{}{}}
+	cp := opts.Resume
+	if !cp.Resumes(target) {
+		cp = NewCheckpoint(target)
+		cp.Continue = opts.Continue
+	}
+	mg.cp = *cp
+	mg.cp.Failures = append([]Failure(nil), cp.Failures...)
+	mg.settleUntil = mg.cp.StartTime.Add(opts.SettleWindow)
+	return mg
+}
+
+// Rewrite lists every object of the target and rewrites each unchanged, so
+// the API server stores it at the storage version: the first pass of a
+// migration, without its finish. A rewrite that fails permanently is
+// recorded in the result and the pass goes on. It returns a *TransientError
+// when transient errors persist past the retry backoff and a *StalledError
+// when the resource cannot be listed or patched; either way the last
+// Progress has the token to resume from.
+func (m *Migrator) Rewrite(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
+	mg := newMigration(m, target, opts, observe)
+	if err := mg.checkViaStatus(); err != nil {
+		return mg.result(), err
+	}
+	err := mg.pass(ctx, false)
+	return mg.result(), err
+}
+
+// checkViaStatus refuses a rewrite through /status on a CRD version without
+// that subresource: every patch would answer 404.
+func (mg *migration) checkViaStatus() error {
+	if crd := mg.target.CRD; crd != nil && mg.opts.ViaStatus && !crd.StatusSubresource {
+		return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf(
+			"rewriteViaStatus needs a status subresource, and version %s of CRD %s has none: turn rewriteViaStatus off, or add subresources.status to %s",
+			crd.StorageVersion, crd.Name, crd.StorageVersion)}
+	}
+	return nil
+}
+
+func (mg *migration) result() Result {
+	mg.mu.Lock()
+	defer mg.mu.Unlock()
+	return Result{Counts: mg.cp.Counts, Failures: mg.cp.Failures, StartTime: mg.cp.StartTime}
+}
+
+func (mg *migration) progress() Progress {
+	mg.mu.Lock()
+	defer mg.mu.Unlock()
+	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SettleUntil: mg.settleUntil}
+	p.Failures = append([]Failure(nil), mg.cp.Failures...)
+	return p
+}
+
+// page is one list response.
+type page struct {
+	items     []metav1.PartialObjectMetadata
+	next      string
+	remaining *int64
+	// resourceVersion is the list's snapshot.
+	resourceVersion string
+}
+
+// tally counts the outcomes of one page, committed once every object of the
+// page is done, so counts always match the continue token.
+type tally struct {
+	migrated, skipped, failed atomic.Int64
+	mu                        sync.Mutex
+	failures                  []Failure
+}
+
+// pass lists every object and rewrites it: every object in the first pass,
+// from the checkpoint's token; in the re-check only the objects
+// mustRecheck picks, from the first page.
+func (mg *migration) pass(parent context.Context, recheck bool) error {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	token := ""
+	if !recheck {
+		token = mg.cp.Continue
+	}
+
+	// List one page ahead, so workers do not wait for the list between pages.
+	pages := make(chan page, 1)
+	listErr := make(chan error, 1)
+	go func() {
+		defer close(pages)
+		listErr <- mg.list(ctx, token, pages)
+	}()
+
+	type job struct {
+		obj   metav1.PartialObjectMetadata
+		tally *tally
+	}
+	work := make(chan job)
+	var pageDone, workers sync.WaitGroup
+	for range mg.opts.Concurrency {
+		workers.Go(func() {
+			for j := range work {
+				if err := mg.rewrite(ctx, j.obj, j.tally); err != nil {
+					mg.stop(err)
+					cancel()
+				}
+				pageDone.Done()
+			}
+		})
+	}
+	for pg := range pages {
+		if !recheck {
+			mg.noteListSnapshot(pg.resourceVersion)
+		}
+		t := &tally{}
+		for _, obj := range pg.items {
+			if recheck && !mg.mustRecheck(obj.ResourceVersion) {
+				continue
+			}
+			pageDone.Add(1)
+			select {
+			case work <- job{obj: obj, tally: t}:
+			case <-ctx.Done():
+				pageDone.Done()
+			}
+		}
+		pageDone.Wait()
+		if ctx.Err() != nil {
+			break
+		}
+		mg.commit(pg, t, recheck)
+		mg.observe(mg.progress())
+	}
+	close(work)
+	workers.Wait()
+	cancel()
+	drain(pages)
+	lastListErr := <-listErr
+
+	mg.mu.Lock()
+	defer mg.mu.Unlock()
+	switch {
+	case mg.stopErr != nil:
+		return mg.stopErr
+	case parent.Err() != nil:
+		// Never report an interrupted pass as complete.
+		return parent.Err()
+	default:
+		return lastListErr
+	}
+}
+
+// commit adds a finished page to the checkpoint. The failures of a resumed
+// page are not counted twice: a failure already recorded for the same object
+// replaces nothing.
+func (mg *migration) commit(pg page, t *tally, recheck bool) {
+	mg.mu.Lock()
+	defer mg.mu.Unlock()
+	c := &mg.cp.Counts
+	if recheck {
+		c.Rechecked += t.migrated.Load()
+	} else {
+		c.Listed += int64(len(pg.items))
+		c.Migrated += t.migrated.Load()
+		c.Skipped += t.skipped.Load()
+		mg.cp.Continue, mg.remaining = pg.next, pg.remaining
+	}
+	c.Failed += t.failed.Load()
+	for _, f := range t.failures {
+		if len(mg.cp.Failures) < maxFailedObjects {
+			mg.cp.Failures = append(mg.cp.Failures, f)
+		}
+	}
+}
+
+func drain(pages <-chan page) {
+	for range pages {
+		continue
+	}
+}
+
+// stop records the first error that stops the pass.
+func (mg *migration) stop(err error) {
+	mg.mu.Lock()
+	defer mg.mu.Unlock()
+	if mg.stopErr == nil {
+		mg.stopErr = err
+	}
+}
+
+// list sends the pages of the resource to pages until the list ends.
+func (mg *migration) list(ctx context.Context, token string, pages chan<- page) error {
+	for {
+		var list *metav1.PartialObjectMetadataList
+		err := mg.retryTransient(ctx, func() error {
+			var err error
+			list, err = mg.listPage(ctx, token, mg.opts.PageSize)
+			return err
+		})
+		if err != nil {
+			return mg.passError("listing", err)
+		}
+		pg := page{items: list.Items, next: list.Continue, remaining: list.RemainingItemCount, resourceVersion: list.ResourceVersion}
+		select {
+		case pages <- pg:
+		case <-ctx.Done():
+			return nil
+		}
+		if list.Continue == "" {
+			return nil
+		}
+		token = list.Continue
+	}
+}
+
+// listPage lists one page through the storage version and, if that fails
+// transiently, through each fallback version: one object whose conversion
+// fails (a conversion webhook refusing it) fails every page that holds it
+// when listed through a version it must be converted to, but not when listed
+// through the version it is still stored at. A continue token is the same
+// whichever version lists through it.
+func (mg *migration) listPage(ctx context.Context, token string, limit int64) (*metav1.PartialObjectMetadataList, error) {
+	list, err := mg.listThrough(ctx, mg.resource, token, limit)
+	if err == nil || classify(err) != transient {
+		return list, err
+	}
+	for _, v := range mg.target.fallbackVersions() {
+		gvr := schema.GroupVersionResource{Group: mg.target.Resource.Group, Version: v, Resource: mg.target.Resource.Resource}
+		if fallback, ferr := mg.listThrough(ctx, mg.m.Metadata.Resource(gvr), token, limit); ferr == nil {
+			klog.FromContext(ctx).V(1).Info("Listed a page through an older version, since the list through the storage version failed", "version", v, "error", Message(err))
+			return fallback, nil
+		}
+	}
+	return nil, err
+}
+
+// listThrough lists one page through resource. The list's snapshot must
+// still be in etcd: when the token outlived etcd's compaction, the error
+// carries a token that continues inconsistently. Objects changed since are
+// already stored at the new version (and re-checked before any prune), and
+// rewrites are idempotent, so nothing is missed. Without one, it starts over.
+func (mg *migration) listThrough(ctx context.Context, resource metadata.Getter, token string, limit int64) (*metav1.PartialObjectMetadataList, error) {
+	list, err := resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
+	for expired := 0; apierrors.IsResourceExpired(err) && token != "" && expired < 3; expired++ {
+		token = inconsistentContinue(err)
+		klog.FromContext(ctx).V(2).Info("Continue token expired, continuing the list", "restarted", token == "")
+		list, err = resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
+	}
+	if err == nil {
+		mg.successes.Add(1)
+	}
+	return list, err
+}
+
+func inconsistentContinue(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return status.Status().Continue
+	}
+	return ""
+}
+
+// rewrite brings one object to the storage version and counts how. It
+// returns an error only when the pass must stop.
+func (mg *migration) rewrite(ctx context.Context, obj metav1.PartialObjectMetadata, t *tally) error {
+	log := klog.FromContext(ctx)
+	before := mg.successes.Load()
+	out, err := mg.rewriteObject(ctx, &obj)
+	if out == transient && ctx.Err() == nil && mg.failsAlone(ctx, before) {
+		// The API server answers others, so this object alone keeps
+		// failing (a conversion webhook refusing it): record it and go on
+		// rather than hold up every other object.
+		out = permanent
+	}
+	switch out {
+	case migrated:
+		t.migrated.Add(1)
+		log.V(4).Info("Rewrote object", "object", klog.KObj(&obj))
+	case skipped:
+		t.skipped.Add(1)
+		log.V(4).Info("Skipped object changed or deleted since listed", "object", klog.KObj(&obj), "reason", apierrors.ReasonForError(err))
+	case permanent:
+		t.failed.Add(1)
+		log.V(4).Info("Could not rewrite object", "object", klog.KObj(&obj), "reason", reasonFor(err))
+		t.mu.Lock()
+		t.failures = append(t.failures, Failure{Namespace: obj.Namespace, Name: obj.Name, Reason: reasonFor(err), Message: Message(err)})
+		t.mu.Unlock()
+	default:
+		return mg.passError("rewriting "+klog.KObj(&obj).String(), err)
+	}
+	return nil
+}
+
+// failsAlone decides, once one object's retries are spent, whether it fails
+// alone: fewer than half of the workers are retrying too, and the API server
+// answered another request since the object's first attempt (or answers a
+// one-object list now). When everything fails (the API server or a
+// conversion webhook down), the pass stops instead and resumes later.
+func (mg *migration) failsAlone(ctx context.Context, successesBefore int64) bool {
+	if 2*(mg.retrying.Load()) >= int64(mg.opts.Concurrency) {
+		return false
+	}
+	if mg.successes.Load() > successesBefore {
+		return true
+	}
+	_, err := mg.listPage(ctx, "", 1)
+	return err == nil
+}
+
+// rewriteObject patches obj and confirms what a 409 or 404 means. Neither
+// proves anything by itself: an admission webhook may answer either, and a
+// missing subresource answers 404. A metadata GET tells: the object is gone
+// (skipped), it changed since listed (skipped: the re-check after the
+// settle window covers the change, and a re-read re-points stale
+// managedFields), or it is unchanged, so the answer came from elsewhere and
+// the object counts as failed.
+func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjectMetadata) (outcome, error) {
+	current := obj
+	for changed := 0; ; changed++ {
+		err := mg.retryTransient(ctx, func() error { return mg.patch(ctx, current) })
+		if classify(err) != skipped {
+			return classify(err), err
+		}
+		var fresh *metav1.PartialObjectMetadata
+		getErr := mg.retryTransient(ctx, func() error {
+			var err error
+			fresh, err = mg.client(obj.Namespace).Get(ctx, obj.Name, metav1.GetOptions{})
+			return err
+		})
+		switch {
+		case apierrors.IsNotFound(getErr):
+			return skipped, err
+		case getErr != nil:
+			return classify(getErr), getErr
+		case fresh.UID == current.UID && fresh.ResourceVersion == current.ResourceVersion:
+			return permanent, unconfirmed(err)
+		case changed >= maxChangedRetries || !mg.staleManagedFields(fresh):
+			return skipped, err
+		}
+		current = fresh
+	}
+}
+
+// unconfirmed rewords a 409 or 404 that a GET showed not to be about the
+// object, keeping its code and reason.
+func unconfirmed(err error) error {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return err
+	}
+	st := status.Status()
+	st.Message = fmt.Sprintf("answered %s for an object that exists unchanged (an admission webhook, or a missing subresource): %s", st.Reason, st.Message)
+	return &apierrors.StatusError{ErrStatus: st}
+}
+
+// client is the client for the target in namespace (ignored when cluster-scoped).
+func (mg *migration) client(namespace string) metadata.ResourceInterface {
+	if mg.target.Namespaced {
+		return mg.resource.Namespace(namespace)
+	}
+	return mg.resource
+}
+
+// staleManagedFields reports whether obj's managedFields name a version of
+// the CRD that it no longer serves.
+func (mg *migration) staleManagedFields(obj *metav1.PartialObjectMetadata) bool {
+	_, stale, _ := mg.repointedManagedFields(obj)
+	return stale
+}
+
+func (mg *migration) repointedManagedFields(obj *metav1.PartialObjectMetadata) ([]metav1.ManagedFieldsEntry, bool, error) {
+	crd := mg.target.CRD
+	if crd == nil {
+		return nil, false, nil
+	}
+	return storedversions.RepointManagedFields(obj.ManagedFields, mg.target.Resource.Group, crd.ServedVersions, crd.StorageVersion)
+}
+
+// rewritePatch is the merge patch of a rewrite: the resourceVersion read, as
+// a precondition, and managedFields only when they must be re-pointed.
+type rewritePatch struct {
+	Metadata struct {
+		ResourceVersion string                      `json:"resourceVersion"`
+		ManagedFields   []metav1.ManagedFieldsEntry `json:"managedFields,omitempty"`
+	} `json:"metadata"`
+}
+
+// patch writes obj back unchanged, re-pointing stale managedFields, and
+// records the resourceVersion the API server answered with. The /status
+// subresource ignores metadata, so a patch that carries managedFields goes
+// to the main resource even with ViaStatus.
+func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadata) error {
+	var body rewritePatch
+	body.Metadata.ResourceVersion = obj.ResourceVersion
+	managedFields, repoint, err := mg.repointedManagedFields(obj)
+	if err != nil {
+		return apierrors.NewBadRequest(err.Error())
+	}
+	var subresources []string
+	if repoint {
+		body.Metadata.ManagedFields = managedFields
+	} else if mg.opts.ViaStatus {
+		subresources = []string{"status"}
+	}
+	data, err := json.Marshal(&body)
+	if err != nil {
+		return err
+	}
+	written, err := mg.client(obj.Namespace).Patch(ctx, obj.Name, types.MergePatchType, data, metav1.PatchOptions{}, subresources...)
+	if err == nil {
+		mg.successes.Add(1)
+		mg.noteOwnWrite(written.ResourceVersion)
+	}
+	return err
+}
+
+// retryTransient runs fn until it succeeds, fails for a cause that is not
+// transient, the backoff runs out or ctx ends, reporting what it retries.
+func (mg *migration) retryTransient(ctx context.Context, fn func() error) error {
+	var last error
+	failing := false
+	defer func() {
+		if failing && mg.retrying.Add(-1) == 0 {
+			mg.setRetrying("")
+		}
+	}()
+	err := wait.ExponentialBackoffWithContext(ctx, mg.opts.RetryBackoff, func(context.Context) (bool, error) {
+		last = fn()
+		switch {
+		case last == nil:
+			return true, nil
+		case classify(last) != transient:
+			return false, last
+		}
+		if !failing {
+			failing = true
+			mg.retrying.Add(1)
+		}
+		mg.setRetrying(Message(last))
+		return false, nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case wait.Interrupted(err):
+		return last
+	}
+	return err
+}
+
+func (mg *migration) setRetrying(msg string) {
+	mg.mu.Lock()
+	changed := mg.retryingMsg != msg
+	mg.retryingMsg = msg
+	mg.mu.Unlock()
+	if changed {
+		mg.observe(mg.progress())
+	}
+}
+
+// passError turns an error that stops the pass into a typed one.
+func (mg *migration) passError(doing string, err error) error {
+	gr := mg.target.Resource.GroupResource()
+	switch classify(err) {
+	case skipped:
+		if apierrors.IsNotFound(err) {
+			// The list itself found no resource: its CRD is gone.
+			return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("%s %s: the resource no longer exists: %s", doing, gr, Message(err))}
+		}
+		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, gr, err)}
+	case unsupported, permanent:
+		// A list or patch refused for the whole resource.
+		return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("%s %s: %s", doing, gr, Message(err))}
+	default:
+		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, gr, err)}
+	}
+}
+
+// NewCheckpoint is the checkpoint of a migration of target that begins now,
+// just after Resolve saw the API server store at the target version.
+func NewCheckpoint(target Target) *Checkpoint {
+	cp := &Checkpoint{Phase: migrationv1alpha1.PassRewriting, StartTime: time.Now(), TargetVersion: target.TargetVersion()}
+	if target.CRD != nil {
+		cp.CRDUID, cp.CRDGeneration = target.CRD.UID, target.CRD.Generation
+	}
+	return cp
+}
