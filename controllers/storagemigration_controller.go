@@ -386,6 +386,7 @@ func checkpoint(status *migrationv1alpha1.StorageMigrationStatus) *migrator.Chec
 		CRDUID:              types.UID(p.CRDUID),
 		CRDGeneration:       p.CRDGeneration,
 		ListResourceVersion: p.ListResourceVersion,
+		WindowEnd:           p.WindowEndResourceVersion,
 		Continue:            p.ContinueToken,
 		Counts:              p.ObjectCounts,
 		Failures:            status.FailedObjects,
@@ -395,14 +396,15 @@ func checkpoint(status *migrationv1alpha1.StorageMigrationStatus) *migrator.Chec
 // passProgress is status.progress for a pass's progress.
 func passProgress(p migrator.Progress) *migrationv1alpha1.PassProgress {
 	progress := &migrationv1alpha1.PassProgress{
-		ObjectCounts:        p.Counts,
-		StartTime:           metav1.NewTime(p.StartTime),
-		RemainingEstimate:   p.RemainingEstimate,
-		ContinueToken:       p.Continue,
-		Phase:               p.Phase,
-		CRDUID:              string(p.CRDUID),
-		CRDGeneration:       p.CRDGeneration,
-		ListResourceVersion: p.ListResourceVersion,
+		ObjectCounts:             p.Counts,
+		StartTime:                metav1.NewTime(p.StartTime),
+		RemainingEstimate:        p.RemainingEstimate,
+		ContinueToken:            p.Continue,
+		Phase:                    p.Phase,
+		CRDUID:                   string(p.CRDUID),
+		CRDGeneration:            p.CRDGeneration,
+		ListResourceVersion:      p.ListResourceVersion,
+		WindowEndResourceVersion: p.WindowEnd,
 	}
 	if p.Phase != migrationv1alpha1.PassRewriting && !p.SettleUntil.IsZero() {
 		progress.SettleUntil = &metav1.Time{Time: p.SettleUntil}

@@ -54,6 +54,8 @@ type fixture struct {
 	conversion *apiextensionsv1.CustomResourceConversion
 	// labels and annotations go on the CRD.
 	labels, annotations map[string]string
+	// mutate, when set, changes the CRD before it is installed.
+	mutate func(*apiextensionsv1.CustomResourceDefinition)
 }
 
 func (f fixture) crdName() string { return f.plural + "." + f.group }
@@ -72,6 +74,9 @@ func (f fixture) install(t *testing.T, versions ...string) {
 	crd := testenv.NewCRD(f.group, f.kind, f.plural, scope, vs...)
 	crd.Spec.Conversion = f.conversion
 	crd.Labels, crd.Annotations = f.labels, f.annotations
+	if f.mutate != nil {
+		f.mutate(crd)
+	}
 	env.InstallCRDForTest(t, crd)
 }
 

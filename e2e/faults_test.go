@@ -176,7 +176,7 @@ func TestCRDDeletedMidPass(t *testing.T) {
 	manager := s.startManager("manager")
 	s.switchStorage("v1")
 	s.waitMidPass()
-	s.stopObserve()
+	s.observer.AssertNoEarlyPrune(t, false)
 	if err := env.DeleteCRD(testenv.Context(t, 2*time.Minute), s.crdName); err != nil {
 		t.Fatal(err)
 	}

@@ -105,11 +105,9 @@ type scenario struct {
 	// writers, when started, update and delete objects during the pass.
 	writers *writers
 
-	// earlyPrunes records storedVersions seen as one version while etcd
+	// observer records storedVersions seen as one version while etcd
 	// still held objects at another: a prune before the pass was complete.
-	earlyPrunes []string
-	observed    sync.Mutex
-	stopObserve func()
+	observer *testenv.PruneObserver
 }
 
 const (
@@ -179,7 +177,7 @@ func newScenario(t *testing.T, name string, opts ...scenarioOption) *scenario {
 		t.Fatal(err)
 	}
 	s.assertStored("v1beta1", s.n)
-	s.observe()
+	s.observer = env.ObservePrunes(t, s.group, plural, 100*time.Millisecond)
 	return s
 }
 
@@ -296,7 +294,7 @@ func (s *scenario) assertStored(version string, want int) {
 // and every writer's last write is what etcd holds.
 func (s *scenario) assertDone(version string) {
 	s.t.Helper()
-	s.stopObserve()
+	s.observer.AssertNoEarlyPrune(s.t, true)
 	want := s.n
 	if s.writers != nil {
 		want -= len(s.writers.deleted())
@@ -309,56 +307,9 @@ func (s *scenario) assertDone(version string) {
 	if !slices.Equal(crd.Status.StoredVersions, []string{version}) {
 		s.t.Errorf("status.storedVersions = %v, want [%s]", crd.Status.StoredVersions, version)
 	}
-	s.observed.Lock()
-	if len(s.earlyPrunes) > 0 {
-		s.t.Errorf("storedVersions was pruned while etcd held other versions: %v", s.earlyPrunes)
-	}
-	s.observed.Unlock()
 	if s.writers != nil {
 		s.writers.assertLastWritesStored()
 	}
-}
-
-// observe polls the CRD; whenever storedVersions lists one version, etcd
-// must hold every object at it (checked on samples during which the CRD
-// did not change).
-func (s *scenario) observe() {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	s.stopObserve = func() {
-		cancel()
-		<-done
-	}
-	s.t.Cleanup(s.stopObserve)
-	go func() {
-		defer close(done)
-		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-			crd := &apiextensionsv1.CustomResourceDefinition{}
-			if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, crd); err != nil || len(crd.Status.StoredVersions) != 1 {
-				return false, nil //nolint:nilerr // keep observing through API server restarts
-			}
-			only := crd.Status.StoredVersions[0]
-			counts, err := s.storedCounts(ctx)
-			if err != nil {
-				return false, nil //nolint:nilerr // keep observing; etcd errors here are the test's, not the manager's
-			}
-			// Count the sample only if the CRD did not change while etcd was
-			// read: a storage switch in between lets writers store at the
-			// new version before storedVersions lists it.
-			after := &apiextensionsv1.CustomResourceDefinition{}
-			if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, after); err != nil || after.ResourceVersion != crd.ResourceVersion {
-				return false, nil //nolint:nilerr // a changed or unreadable CRD: take the next sample
-			}
-			for version, n := range counts {
-				if version != only && n > 0 {
-					s.observed.Lock()
-					s.earlyPrunes = append(s.earlyPrunes, fmt.Sprintf("storedVersions [%s] with etcd holding %v", only, counts))
-					s.observed.Unlock()
-				}
-			}
-			return false, nil
-		})
-	}()
 }
 
 // writers update and delete the scenario's objects concurrently with the

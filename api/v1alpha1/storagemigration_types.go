@@ -204,6 +204,13 @@ type PassProgress struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +optional
 	ListResourceVersion string `json:"listResourceVersion,omitempty"`
+
+	// windowEndResourceVersion is a resourceVersion read once the settle
+	// window was over: every write that began on the old storage is at or
+	// below it, and a write above it was made on the new storage.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	WindowEndResourceVersion string `json:"windowEndResourceVersion,omitempty"`
 }
 
 // PassSummary summarises a finished pass.

@@ -28,7 +28,8 @@ import (
 // the object, with no conflict for the pass. So the migration measures a
 // settle window from the moment it saw the switch (StartTime), and once the
 // window is over it reads the resourceVersion of the moment (windowEnd) and
-// lists every object again. resourceVersions of one resource are
+// lists every object again (windowEnd is saved in the checkpoint, so a
+// resumed migration keeps it). resourceVersions of one resource are
 // comparable (KEP-5504, apimachinery's resourceversion package): an object
 //   - not written since the first pass's list snapshot was rewritten by the
 //     pass itself without a write, which proves it was stored at the target;
@@ -153,7 +154,7 @@ func (mg *migration) closeWindowAt(ctx context.Context) {
 // every write that began on the old storage has committed at or below it.
 func (mg *migration) closeWindow(ctx context.Context) error {
 	mg.mu.Lock()
-	known := mg.windowEnd != ""
+	known := mg.cp.WindowEnd != ""
 	mg.mu.Unlock()
 	if known {
 		return nil
@@ -169,8 +170,8 @@ func (mg *migration) closeWindow(ctx context.Context) error {
 	}
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	if mg.windowEnd == "" {
-		mg.windowEnd = list.ResourceVersion
+	if mg.cp.WindowEnd == "" {
+		mg.cp.WindowEnd = list.ResourceVersion
 	}
 	return nil
 }
@@ -190,7 +191,7 @@ func (mg *migration) noteListSnapshot(resourceVersion string) {
 func (mg *migration) noteOwnWrite(resourceVersion string) {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	if mg.windowEnd != "" || mg.cp.ListResourceVersion == "" {
+	if mg.cp.WindowEnd != "" || mg.cp.ListResourceVersion == "" {
 		return
 	}
 	if after, err := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.ListResourceVersion); err == nil && after > 0 {
@@ -204,11 +205,11 @@ func (mg *migration) noteOwnWrite(resourceVersion string) {
 func (mg *migration) mustRecheck(resourceVersion string) bool {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	if mg.windowEnd == "" || mg.cp.ListResourceVersion == "" {
+	if mg.cp.WindowEnd == "" || mg.cp.ListResourceVersion == "" {
 		return true
 	}
 	sinceList, err1 := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.ListResourceVersion)
-	sinceWindow, err2 := resourceversion.CompareResourceVersion(resourceVersion, mg.windowEnd)
+	sinceWindow, err2 := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.WindowEnd)
 	switch {
 	case errors.Join(err1, err2) != nil:
 		return true

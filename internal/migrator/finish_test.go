@@ -19,7 +19,7 @@ func TestMustRecheck(t *testing.T) {
 	mg.cp.ListResourceVersion = "1000"
 	mg.noteOwnWrite("1005") // the pass's own write within the window
 	mg.noteOwnWrite("900")  // before the snapshot: nothing to record
-	mg.windowEnd = "2000"
+	mg.cp.WindowEnd = "2000"
 	mg.noteOwnWrite("2500") // after the window: not recorded, not needed
 	tests := []struct {
 		rv   string
@@ -47,10 +47,10 @@ func TestMustRecheck(t *testing.T) {
 	// Without the window's end or the snapshot, everything is re-checked.
 	for _, mg := range []*migration{
 		{proven: map[string]struct{}{}, cp: Checkpoint{ListResourceVersion: "1000"}},
-		{proven: map[string]struct{}{}, windowEnd: "2000"},
+		{proven: map[string]struct{}{}, cp: Checkpoint{WindowEnd: "2000"}},
 	} {
 		if !mg.mustRecheck("500") {
-			t.Errorf("mustRecheck with snapshot %q and window end %q = false, want true", mg.cp.ListResourceVersion, mg.windowEnd)
+			t.Errorf("mustRecheck with snapshot %q and window end %q = false, want true", mg.cp.ListResourceVersion, mg.cp.WindowEnd)
 		}
 	}
 }

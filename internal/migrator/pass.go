@@ -90,6 +90,9 @@ type Checkpoint struct {
 	// ListResourceVersion is the resourceVersion of the first pass's list
 	// snapshot; objects not written since were rewritten as no-ops.
 	ListResourceVersion string
+	// WindowEnd is a resourceVersion read after the settle window ended:
+	// every write that began on the old storage is at or below it.
+	WindowEnd string
 	// Continue resumes the first pass after the last page whose every
 	// object is done. Counts and Failures match it exactly.
 	Continue string
@@ -158,10 +161,9 @@ type migration struct {
 	settleUntil time.Time
 	stopErr     error
 	// proven records the resourceVersions the pass's own rewrites produced
-	// or confirmed after the list snapshot, until windowEnd is known; see
+	// or confirmed after the list snapshot, until cp.WindowEnd is known; see
 	// finish.go.
-	proven    map[string]struct{}
-	windowEnd string
+	proven map[string]struct{}
 }
 
 func newMigration(m *Migrator, target Target, opts Options, observe Observer) *migration {

@@ -42,12 +42,29 @@ type ConversionWebhook struct {
 	url      string
 	caBundle []byte
 	failing  atomic.Bool
+	// refused names the objects whose conversion fails.
+	refused sync.Map
 	// Conversions counts the objects converted.
 	Conversions atomic.Int64
 }
 
 // StartConversionWebhook serves convert until the test ends.
 func StartConversionWebhook(t testing.TB, convert ConvertFunc) *ConversionWebhook {
+	t.Helper()
+	w := &ConversionWebhook{}
+	w.handler = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		w.serve(rw, req, convert)
+	})
+	w.server, w.tls, w.caBundle = startTLS(t, w.handler)
+	w.url = w.server.URL
+	t.Cleanup(w.Stop)
+	return w
+}
+
+// startTLS serves handler over TLS on loopback, with a certificate made for
+// the test, until the test ends; it returns the server, its TLS
+// configuration and the CA bundle that trusts it.
+func startTLS(t testing.TB, handler http.Handler) (*httptest.Server, *tls.Config, []byte) {
 	t.Helper()
 	certPEM, keyPEM, err := selfSignedLoopbackCert()
 	if err != nil {
@@ -57,16 +74,12 @@ func StartConversionWebhook(t testing.TB, convert ConvertFunc) *ConversionWebhoo
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &ConversionWebhook{caBundle: certPEM, tls: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
-	w.handler = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
-		w.serve(rw, req, convert)
-	})
-	w.server = httptest.NewUnstartedServer(w.handler)
-	w.server.TLS = w.tls
-	w.server.StartTLS()
-	w.url = w.server.URL
-	t.Cleanup(w.Stop)
-	return w
+	config := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	server := httptest.NewUnstartedServer(handler)
+	server.TLS = config
+	server.StartTLS()
+	t.Cleanup(server.Close)
+	return server, config, certPEM
 }
 
 // Stop closes the webhook's listener: the API server's calls are then
@@ -99,6 +112,19 @@ func (w *ConversionWebhook) Restart() error {
 // SetFailing makes the webhook answer 500 (true) or convert again (false).
 func (w *ConversionWebhook) SetFailing(failing bool) { w.failing.Store(failing) }
 
+// Refuse makes every conversion of the named objects fail (refuse) or
+// succeed again, as a webhook with a bug for some objects would: the API
+// server then fails every request that must convert them, lists included.
+func (w *ConversionWebhook) Refuse(refuse bool, names ...string) {
+	for _, name := range names {
+		if refuse {
+			w.refused.Store(name, true)
+		} else {
+			w.refused.Delete(name)
+		}
+	}
+}
+
 // Conversion is the CRD's spec.conversion that calls this webhook.
 func (w *ConversionWebhook) Conversion() *apiextensionsv1.CustomResourceConversion {
 	return &apiextensionsv1.CustomResourceConversion{
@@ -128,6 +154,10 @@ func (w *ConversionWebhook) serve(rw http.ResponseWriter, req *http.Request, con
 			break
 		}
 		gv := obj.GroupVersionKind().GroupVersion()
+		if _, refused := w.refused.Load(obj.GetName()); refused && gv.String() != review.Request.DesiredAPIVersion {
+			response.Result = metav1.Status{Status: metav1.StatusFailure, Message: "this webhook cannot convert " + obj.GetName()}
+			break
+		}
 		if gv.String() != review.Request.DesiredAPIVersion {
 			to := review.Request.DesiredAPIVersion[len(gv.Group)+1:]
 			if err := convert(obj, to); err != nil {
