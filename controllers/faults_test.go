@@ -161,13 +161,23 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 }
 
 // TestResumeFromContinueToken: a manager stopped mid-pass leaves a continue
-// token in status; the next manager resumes from it instead of starting over.
+// token in status; the next manager resumes from it instead of starting
+// over. Counts and failures stay exact across the resume: an object that
+// admission refuses on a page done before the stop is still named, once.
 func TestResumeFromContinueToken(t *testing.T) {
 	ctx := t.Context()
 	f := fixture{group: "resume.controllers.restow.dev", kind: "Thingamajig", plural: "thingamajigs", namespaced: true}
 	f.install(t, "v1beta1", "v1")
 	const total = 2000
 	f.createObjects(t, total, "r-0", "r-1")
+	// On the first page (r-0, obj-00000 to obj-00198), in force before the
+	// switch so it stays at v1beta1.
+	const denied = "obj-00010"
+	allow, err := env.DenyUpdates(ctx, f.object("v1beta1", "r-0", denied, nil), f.plural)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = allow(context.Background()) })
 	f.switchStorage(t, "v1")
 
 	stop := startManager(t, nil)
@@ -185,8 +195,8 @@ func TestResumeFromContinueToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := sm.Status.Progress.Migrated
-	if sm.Status.Progress.ContinueToken == "" || done >= total {
-		t.Fatalf("the first manager left progress %+v, want a continue token part-way", sm.Status.Progress)
+	if sm.Status.Progress.ContinueToken == "" || done >= total || sm.Status.Progress.Failed != 1 {
+		t.Fatalf("the first manager left progress %+v, want a continue token part-way and the denied object failed", sm.Status.Progress)
 	}
 
 	var patches atomic.Int64
@@ -200,16 +210,25 @@ func TestResumeFromContinueToken(t *testing.T) {
 		})
 	}
 	startManager(t, cfg)
-	sm = waitFor(t, sm.Name, 2*time.Minute, "Ready", readyAt("v1"))
-	f.assertStored(t, "v1", total)
-	f.assertStoredVersions(t, "v1")
+	sm = waitFor(t, sm.Name, 2*time.Minute, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.ObjectsFailedReason))
 	if got := patches.Load(); got > total-done+100 {
 		t.Errorf("the second manager patched %d objects; resuming after %d done it should patch at most %d", got, done, total-done+100)
 	}
-	if sm.Status.LastPass.Listed != total {
-		t.Errorf("lastPass.listed = %d, want %d across both managers", sm.Status.LastPass.Listed, total)
+	last := sm.Status.LastPass
+	if last.Listed != total || last.Migrated+last.Skipped != total-1 || last.Failed != 1 {
+		t.Errorf("lastPass = %+v, want %d listed, %d rewritten or skipped and 1 failed across both managers", last.ObjectCounts, total, total-1)
+	}
+	if len(sm.Status.FailedObjects) != 1 || sm.Status.FailedObjects[0].Name != denied {
+		t.Errorf("failedObjects = %+v, want only %s, found by the first manager", sm.Status.FailedObjects, denied)
 	}
 	t.Logf("first manager persisted %d done; second manager patched %d", done, patches.Load())
+
+	if err := allow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, sm.Name, 2*time.Minute, "Ready", readyAt("v1"))
+	f.assertStored(t, "v1", total)
+	f.assertStoredVersions(t, "v1")
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

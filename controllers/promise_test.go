@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -370,4 +371,35 @@ func TestStorageSwitchMidPassWithoutPruning(t *testing.T) {
 	if got := f.storedVersions(t); len(got) != 3 {
 		t.Errorf("status.storedVersions = %v, want all three kept (pruning is off)", got)
 	}
+}
+
+// TestSpecChangeMidPassIsActedOn: a spec change during a pass restarts it
+// with the new knobs, and the migration ends Ready for the new generation:
+// observedGeneration catches up, so kstatus reads Current, not InProgress.
+func TestSpecChangeMidPassIsActedOn(t *testing.T) {
+	ctx := t.Context()
+	f := fixture{group: "respec.controllers.restow.dev", kind: "Dial", plural: "dials", namespaced: true}
+	f.install(t, "v1beta1", "v1")
+	const total = 1000
+	f.createObjects(t, total, "respec")
+	f.switchStorage(t, "v1")
+
+	startManager(t, nil)
+	sm := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) {
+		sm.Spec.Concurrency = ptr.To[int32](1)
+		sm.Spec.PageSize = ptr.To[int32](50)
+	})
+	waitFor(t, sm.Name, time.Minute, "part-way", func(sm *migrationv1alpha1.StorageMigration) bool {
+		return sm.Status.Progress != nil && sm.Status.Progress.Migrated >= 100
+	})
+	if err := env.Client.Patch(ctx, sm, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"concurrency":8}}`))); err != nil {
+		t.Fatal(err)
+	}
+	sm = waitFor(t, sm.Name, 2*time.Minute, "Ready", readyAt("v1"))
+	if sm.Generation != 2 || sm.Status.ObservedGeneration != 2 {
+		t.Errorf("generation %d, observedGeneration %d; want both 2", sm.Generation, sm.Status.ObservedGeneration)
+	}
+	assertHealth(t, sm, kstatus.CurrentStatus)
+	f.assertStored(t, "v1", total)
+	f.assertStoredVersions(t, "v1")
 }

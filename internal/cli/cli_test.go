@@ -191,9 +191,12 @@ func TestPlanDryRunAndRun(t *testing.T) {
 	w.assertStored(t, map[string]int{"v1beta1": 300})
 	w.assertStoredVersions(t, "v1beta1", "v1")
 
-	out, _, code = restow(t, "run", "widgets", "--concurrency", "8")
+	out, errOut, code := restow(t, "run", "widgets", "--concurrency", "8", "--settle-window", "2s")
 	if code != 0 {
 		t.Fatalf("run exited %d", code)
+	}
+	if !strings.Contains(errOut, "Settling: waiting until") {
+		t.Errorf("run did not say it waits out the settle window: %q", errOut)
 	}
 	w.assertStored(t, map[string]int{"v1": 300})
 	w.assertStoredVersions(t, "v1")
@@ -211,12 +214,38 @@ func TestPlanDryRunAndRun(t *testing.T) {
 	}
 }
 
+// TestRunViaStatusWithoutStatusSubresource: --via-status on a CRD version
+// without /status would see 404 for every object: run refuses, exits 2 and
+// rewrites and prunes nothing.
+func TestRunViaStatusWithoutStatusSubresource(t *testing.T) {
+	w := widgets{group: "nostatus.cli.restow.dev"}
+	crd := testenv.NewCRD(w.group, "Widget", "widgets", apiextensionsv1.NamespaceScoped,
+		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true}, testenv.CRDVersion{Name: "v1", Served: true})
+	for i := range crd.Spec.Versions {
+		crd.Spec.Versions[i].Subresources = nil
+	}
+	env.InstallCRDForTest(t, crd)
+	if err := env.CreateObjects(t.Context(), 20, func(i int) client.Object { return w.object(fmt.Sprintf("w-%04d", i)) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.SetStorageVersion(t.Context(), w.crdName(), "v1"); err != nil {
+		t.Fatal(err)
+	}
+
+	_, errOut, code := restow(t, "run", w.crdName(), "--via-status", "--settle-window", "1s")
+	if code != cli.ExitPending || !strings.Contains(errOut, "subresources.status") || !strings.Contains(errOut, "nothing was pruned") {
+		t.Errorf("run --via-status exited %d (%q), want %d naming the missing subresource", code, errOut, cli.ExitPending)
+	}
+	w.assertStored(t, map[string]int{"v1beta1": 20})
+	w.assertStoredVersions(t, "v1beta1", "v1")
+}
+
 // TestRunReportsFailedObjects: an object that admission refuses is named,
 // the exit code says so, and nothing is pruned.
 func TestRunReportsFailedObjects(t *testing.T) {
 	w := installSwitched(t, "failed.cli.restow.dev", 50, "w-0007")
 
-	out, errOut, code := restow(t, "run", w.crdName())
+	out, errOut, code := restow(t, "run", w.crdName(), "--settle-window", "1s")
 	if code != cli.ExitPending {
 		t.Fatalf("run exited %d with a denied object, want %d", code, cli.ExitPending)
 	}
