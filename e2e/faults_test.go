@@ -12,7 +12,9 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/testenv"
@@ -52,6 +54,36 @@ func TestManagerKilledMidPass(t *testing.T) {
 	s.waitMigrated("v1", 5*time.Minute)
 	if !strings.Contains(second.Logs(), `"resumed":true`) {
 		t.Errorf("the second manager did not resume the pass from its continue token:\n%s", second.Logs())
+	}
+	s.assertDone("v1")
+}
+
+// TestManagerKilledSwitchAwayAndBack: the manager is killed mid-pass; while
+// it is down the storage version goes v1 -> v2 -> v1, with writes at v2 to
+// objects the pass had already rewritten. The saved continue token would
+// skip them: the next manager must start over, not resume.
+func TestManagerKilledSwitchAwayAndBack(t *testing.T) {
+	s := newScenario(t, "away", withVersions("v1beta1", "v1", "v2"))
+	first := s.startManager("first")
+	s.switchStorage("v1")
+	s.waitMidPass()
+	first.Kill()
+	s.switchStorage("v2")
+	// The first objects of the first namespace: the first pages of the pass.
+	for i := 0; i < 500; i += len(s.namespaces) {
+		patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"writer":"away"}}`))
+		if err := env.Client.Patch(t.Context(), s.object("v2", i), patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.switchStorage("v1")
+	if counts, err := s.storedCounts(t.Context()); err != nil || counts["v2"] != 100 {
+		t.Fatalf("etcd holds %v (%v) before the restart, want 100 objects at v2", counts, err)
+	}
+	second := s.startManager("second")
+	s.waitMigrated("v1", 5*time.Minute)
+	if !strings.Contains(second.Logs(), "starting over") {
+		t.Errorf("the second manager did not start the pass over:\n%s", second.Logs())
 	}
 	s.assertDone("v1")
 }
