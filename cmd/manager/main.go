@@ -105,6 +105,9 @@ func run(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if opts.settleWindow <= 0 {
+		return fmt.Errorf("--settle-window must be positive: at least twice the API server's --request-timeout")
+	}
 	selector, err := labels.Parse(opts.autoMigrateSelector)
 	if err != nil {
 		return fmt.Errorf("--auto-migrate-selector: %w", err)

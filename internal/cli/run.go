@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -76,6 +77,9 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	if opts.concurrency < 1 || opts.pageSize < 1 {
 		return fmt.Errorf("--concurrency and --page-size must be at least 1")
 	}
+	if opts.settleWindow <= 0 {
+		return fmt.Errorf("--settle-window must be positive: at least twice the API server's --request-timeout")
+	}
 	gr, err := c.resolveResource(arg)
 	if err != nil {
 		return err
@@ -104,6 +108,8 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	}
 	bar := newProgress(streams.Out, fmt.Sprintf("Rewriting %s to %s", gr, version), total)
 	start := time.Now()
+	// The observer runs on the pass's goroutines: one at a time here.
+	var mu sync.Mutex
 	var phase migrator.Phase
 	result, err := c.migrator.Migrate(ctx, target, migrator.Options{
 		Concurrency:  opts.concurrency,
@@ -112,6 +118,8 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 		SettleWindow: opts.settleWindow,
 		Prune:        opts.prune,
 	}, func(p migrator.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
 		if p.Phase == migrationv1alpha1.PassRewriting {
 			estimate := int64(-1)
 			if p.RemainingEstimate != nil {
@@ -129,13 +137,14 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	})
 	var stalledErr *migrator.StalledError
 	switch {
+	case err == nil:
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case errors.Is(err, storedversions.ErrCRDChanged):
 		return fmt.Errorf("CRD %s changed during the pass, so status.storedVersions was not pruned: run again", target.CRD.Name)
 	case errors.As(err, &stalledErr):
 		return &exitError{code: ExitPending, err: fmt.Errorf("%s: %s; nothing was pruned", stalledErr.Reason, stalledErr.Message)}
-	case err != nil:
+	default:
 		return fmt.Errorf("the pass stopped: %s", migrator.Message(err))
 	}
 	bar.set(processed(result.Counts), result.Listed)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -52,46 +53,63 @@ import (
 // an error wrapping storedversions.ErrCRDChanged when the CRD changed
 // meanwhile, so a new migration must start.
 func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
+	// A migration covers every object: only Rewrite starts after a token.
+	opts.Continue = ""
 	mg := newMigration(m, target, opts, observe)
 	if err := mg.checkViaStatus(); err != nil {
 		return mg.result(), err
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	var window sync.WaitGroup
+	defer window.Wait()
 	defer cancel()
 	if target.CRD != nil {
-		go mg.closeWindowAt(ctx)
+		window.Go(func() { mg.closeWindowAt(ctx) })
 	}
 	if mg.progress().Phase == migrationv1alpha1.PassRewriting {
 		if err := mg.pass(ctx, false); err != nil {
 			return mg.result(), err
 		}
-		if mg.result().Failed > 0 {
+		if mg.result().Failed > 0 || target.CRD == nil {
 			return mg.result(), nil
 		}
+		// The first pass is over: a checkpoint taken from now on resumes here.
+		mg.setPhase(migrationv1alpha1.PassSettling)
 	}
 	if target.CRD == nil {
 		return mg.result(), nil
 	}
 	crd, err := mg.liveCRD(ctx)
-	if err != nil || slices.Equal(crd.Status.StoredVersions, []string{target.CRD.StorageVersion}) {
-		// Nothing to prune: no other version can be stored.
+	if err != nil || !opts.Prune || slices.Equal(crd.Status.StoredVersions, []string{target.CRD.StorageVersion}) {
+		// Nothing to prune: with pruning off restow does not touch
+		// storedVersions, and [target] holds no other version.
 		return mg.result(), err
 	}
 	if err := mg.settle(ctx); err != nil {
 		return mg.result(), err
 	}
-	mg.setPhase(migrationv1alpha1.PassRechecking)
+	mg.startRecheck()
 	if err := mg.pass(ctx, true); err != nil {
 		return mg.result(), err
 	}
 	result := mg.result()
-	if result.Failed > 0 || !opts.Prune {
+	if result.Failed > 0 {
 		return result, nil
 	}
 	result.Pruned, err = storedversions.Prune(ctx, m.Client, m.Reader, storedversions.Expected{
 		Name: target.CRD.Name, UID: target.CRD.UID, StorageVersion: target.CRD.StorageVersion, Generation: target.CRD.Generation,
 	})
 	return result, err
+}
+
+// startRecheck enters the re-check. It starts from the first page, also when
+// resumed: the counts and failures of an interrupted re-check (the first pass
+// had none, or nothing would be re-checked) are dropped, not added twice.
+func (mg *migration) startRecheck() {
+	mg.mu.Lock()
+	mg.cp.Rechecked, mg.cp.Failed, mg.cp.Failures = 0, 0, nil
+	mg.mu.Unlock()
+	mg.setPhase(migrationv1alpha1.PassRechecking)
 }
 
 // liveCRD reads the CRD live at the end of the first pass. A CRD deleted
@@ -118,20 +136,13 @@ func (mg *migration) setPhase(phase Phase) {
 	mg.mu.Lock()
 	mg.cp.Phase = phase
 	mg.mu.Unlock()
-	mg.observe(mg.progress())
+	mg.report()
 }
 
 // settle waits until the settle window is over and notes its end.
 func (mg *migration) settle(ctx context.Context) error {
-	mg.setPhase(migrationv1alpha1.PassSettling)
-	if wait := time.Until(mg.settleUntil); wait > 0 {
-		timer := time.NewTimer(wait)
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := sleepUntil(ctx, mg.settleUntil); err != nil {
+		return err
 	}
 	return mg.closeWindow(ctx)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,12 @@ const (
 	DefaultSettleWindow = 2 * time.Minute
 	// maxFailedObjects bounds the failures a pass keeps, as the API does.
 	maxFailedObjects = 10
+	// informerLag is how long after the readiness gate passed the first
+	// rewrite waits: in an HA control plane another API server may still
+	// serve the old storage for as long as its CRD informer lags behind the
+	// one that answered the gate, and a rewrite it answered would prove
+	// nothing. The list starts at once.
+	informerLag = time.Second
 	// maxChangedRetries bounds how often one object is re-read and patched
 	// again because others keep changing it while its managedFields need
 	// re-pointing.
@@ -152,6 +159,9 @@ type migration struct {
 	successes atomic.Int64
 	// retrying counts objects whose requests are failing transiently now.
 	retrying atomic.Int64
+	// observing delivers progress in order: a snapshot and its delivery
+	// happen under it, so an older snapshot never overwrites a newer one.
+	observing sync.Mutex
 
 	mu sync.Mutex
 	// cp is committed at page boundaries.
@@ -184,13 +194,19 @@ func newMigration(m *Migrator, target Target, opts Options, observe Observer) *m
 	}
 	mg := &migration{m: m, target: target, opts: opts, observe: observe, resource: m.Metadata.Resource(target.Resource), proven: map[string]struct{}{}}
 	cp := opts.Resume
-	if !cp.Resumes(target) {
+	resumed := cp.Resumes(target)
+	if !resumed {
 		cp = NewCheckpoint(target)
 		cp.Continue = opts.Continue
 	}
 	mg.cp = *cp
 	mg.cp.Failures = append([]Failure(nil), cp.Failures...)
 	mg.settleUntil = mg.cp.StartTime.Add(opts.SettleWindow)
+	if resumed && mg.cp.WindowEnd == "" {
+		// The start time was taken by another process, maybe on another
+		// node whose clock is behind: count a whole window from now.
+		mg.settleUntil = time.Now().Add(opts.SettleWindow)
+	}
 	return mg
 }
 
@@ -225,6 +241,13 @@ func (mg *migration) result() Result {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
 	return Result{Counts: mg.cp.Counts, Failures: mg.cp.Failures, StartTime: mg.cp.StartTime}
+}
+
+// report hands the observer the current progress.
+func (mg *migration) report() {
+	mg.observing.Lock()
+	defer mg.observing.Unlock()
+	mg.observe(mg.progress())
 }
 
 func (mg *migration) progress() Progress {
@@ -288,6 +311,9 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 			}
 		})
 	}
+	if err := sleepUntil(ctx, mg.cp.StartTime.Add(informerLag)); err != nil {
+		return err
+	}
 	for pg := range pages {
 		if !recheck {
 			mg.noteListSnapshot(pg.resourceVersion)
@@ -309,7 +335,7 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 			break
 		}
 		mg.commit(pg, t, recheck)
-		mg.observe(mg.progress())
+		mg.report()
 	}
 	close(work)
 	workers.Wait()
@@ -330,9 +356,9 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 	}
 }
 
-// commit adds a finished page to the checkpoint. The failures of a resumed
-// page are not counted twice: a failure already recorded for the same object
-// replaces nothing.
+// commit adds a finished page to the checkpoint. An object already named
+// in the failures is not named twice (a page listed again after a 410 that
+// restarted the list; the counts of such a page are added again).
 func (mg *migration) commit(pg page, t *tally, recheck bool) {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
@@ -347,9 +373,26 @@ func (mg *migration) commit(pg page, t *tally, recheck bool) {
 	}
 	c.Failed += t.failed.Load()
 	for _, f := range t.failures {
-		if len(mg.cp.Failures) < maxFailedObjects {
+		seen := slices.ContainsFunc(mg.cp.Failures, func(g Failure) bool { return g.Namespace == f.Namespace && g.Name == f.Name })
+		if !seen && len(mg.cp.Failures) < maxFailedObjects {
 			mg.cp.Failures = append(mg.cp.Failures, f)
 		}
+	}
+}
+
+// sleepUntil waits until t or until ctx ends.
+func sleepUntil(ctx context.Context, t time.Time) error {
+	wait := time.Until(t)
+	if wait <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -505,13 +548,22 @@ func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjec
 		getErr := mg.retryTransient(ctx, func() error {
 			var err error
 			fresh, err = mg.client(obj.Namespace).Get(ctx, obj.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) && !namesObject(err, obj.Name) {
+				// A 404 that names no object comes from an API server that
+				// does not serve this version yet (HA, starting up), or a
+				// proxy: it proves nothing about the object.
+				return apierrors.NewServiceUnavailable("the API server answered 404 without naming the object: " + Message(err))
+			}
 			return err
 		})
 		switch {
 		case apierrors.IsNotFound(getErr):
 			return skipped, err
+		case getErr != nil && classify(getErr) == transient:
+			return transient, getErr
 		case getErr != nil:
-			return classify(getErr), getErr
+			// Any other answer is no proof that the object changed.
+			return permanent, getErr
 		case fresh.UID == current.UID && fresh.ResourceVersion == current.ResourceVersion:
 			return permanent, unconfirmed(err)
 		case changed >= maxChangedRetries || !mg.staleManagedFields(fresh):
@@ -519,6 +571,17 @@ func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjec
 		}
 		current = fresh
 	}
+}
+
+// namesObject reports whether a NotFound is about the object name: a GET of
+// an object that is gone says so in its details.
+func namesObject(err error, name string) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	details := status.Status().Details
+	return details != nil && details.Name == name
 }
 
 // unconfirmed rewords a 409 or 404 that a GET showed not to be about the
@@ -636,7 +699,7 @@ func (mg *migration) setRetrying(msg string) {
 	mg.retryingMsg = msg
 	mg.mu.Unlock()
 	if changed {
-		mg.observe(mg.progress())
+		mg.report()
 	}
 }
 
