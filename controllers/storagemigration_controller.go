@@ -1,7 +1,9 @@
 // Package controllers holds restow's reconcilers. They are plumbing: get the
-// object, decide with small named functions, write status once. A pass runs
-// in the background (internal/migrator); the reconciler starts it, copies its
-// progress into status every StatusInterval, and records how it ended.
+// object, decide with small named functions, write status once. A pass (a
+// whole migration, internal/migrator's Migrate) runs in the background
+// (passes.go); the reconciler starts it, copies its progress into status
+// every StatusInterval, and records how it ended: judged once, recorded in
+// one place (verdict.go).
 package controllers
 
 import (
@@ -15,9 +17,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -31,7 +31,6 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
-	"github.com/restow/restow/internal/storedversions"
 )
 
 // resourceIndex indexes StorageMigrations by the CRD name of their resource
@@ -75,7 +74,7 @@ type StorageMigrationReconciler struct {
 	// it re-checks and prunes; zero means migrator.DefaultSettleWindow.
 	SettleWindow time.Duration
 
-	runs *runner
+	passes *passes
 }
 
 // +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations,verbs=get;list;watch
@@ -95,8 +94,8 @@ func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr c
 	case r.StatusInterval <= 0, r.StalledRetryBase <= 0, r.StalledRetryMax < r.StalledRetryBase:
 		return errors.New("StorageMigrationReconciler needs StatusInterval > 0 and 0 < StalledRetryBase <= StalledRetryMax")
 	}
-	r.runs = newRunner()
-	if err := mgr.Add(r.runs); err != nil {
+	r.passes = newPasses(r.StalledRetryBase, r.StalledRetryMax)
+	if err := mgr.Add(r.passes); err != nil {
 		return err
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &migrationv1alpha1.StorageMigration{}, resourceIndex, func(o client.Object) []string {
@@ -107,7 +106,7 @@ func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr c
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&migrationv1alpha1.StorageMigration{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, handler.EnqueueRequestsFromMapFunc(r.migrationsForCRD)).
-		WatchesRawSource(source.Channel(r.runs.wake, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.passes.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(r)
 }
@@ -135,12 +134,12 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	sm := &migrationv1alpha1.StorageMigration{}
 	if err := r.APIReader.Get(ctx, req.NamespacedName, sm); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.runs.stop(req.Name)
+			r.passes.stop(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !sm.DeletionTimestamp.IsZero() {
-		r.runs.stop(req.Name)
+		r.passes.stop(req.Name)
 		return ctrl.Result{}, nil
 	}
 	original := sm.DeepCopy()
@@ -160,113 +159,77 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 
 // reconcile follows the pass of sm, or starts one if the resource needs it.
 func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migrationv1alpha1.StorageMigration) (outcome, time.Duration) {
-	current := r.runs.get(sm.Name)
-	if current == nil {
+	p := r.passes.get(sm.Name)
+	if p == nil {
 		return r.startIfNeeded(ctx, sm)
 	}
-	snap := current.snapshot()
-	if !snap.done {
-		if current.generation != sm.Generation {
+	state := p.read()
+	if !state.done {
+		if p.generation != sm.Generation {
 			// The spec changed: restart with the new knobs. The pass ends
 			// cancelled and wakes us.
-			current.cancel()
+			p.cancel()
 		}
-		sm.Status.Progress = passProgress(snap.progress)
-		sm.Status.FailedObjects = snap.progress.Failures
-		return passUnderWay(current.target.TargetVersion(), snap.progress, sm.Status.Progress), r.StatusInterval
+		sm.Status.Progress = statusProgress(state.progress)
+		sm.Status.FailedObjects = statusFailures(state.progress.Failures)
+		return passUnderWay(p.target.TargetVersion(), state.progress, sm.Status.Progress), r.StatusInterval
 	}
-	r.runs.finish(sm.Name)
-	out, requeueAfter := r.passEnded(ctx, sm, current, snap)
+	r.passes.forget(sm.Name)
+	v := judge(p.target, state, time.Now())
+	requeueAfter := r.record(ctx, sm, p, state, v)
 	switch {
-	case current.generation != sm.Generation && out.phase != phaseStalled:
+	case p.generation != sm.Generation && v.phase != phaseStalled:
 		// The spec changed after the pass had ended: act on it now, so
 		// observedGeneration catches up.
-		out, requeueAfter = reconciling(migrationv1alpha1.ProgressingReason, "The spec changed; a new pass starts"), restartDelay
+		return reconciling(migrationv1alpha1.ProgressingReason, "The spec changed; a new pass starts"), restartDelay
 	case reRunRequested(sm):
 		// A re-run was requested while this pass ran: it asks for a pass
 		// that starts after the request, so start one now.
 		requeueAfter = restartDelay
 	}
-	return out, requeueAfter
+	return v.outcome, requeueAfter
 }
 
-// passUnderWay says what a running pass is doing.
-func passUnderWay(target string, p migrator.Progress, status *migrationv1alpha1.PassProgress) outcome {
-	switch {
-	case p.Retrying != "":
-		return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+p.Retrying)
-	case p.Phase == migrationv1alpha1.PassSettling:
-		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf(
-			"All %d objects were rewritten to %s; waiting until %s, the end of the settle window, for writes that began on the old storage, then re-checking what others wrote meanwhile before pruning",
-			p.Listed, target, p.SettleUntil.UTC().Format(time.RFC3339)))
-	case p.Phase == migrationv1alpha1.PassRechecking:
-		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf("The settle window is over; rewriting again the objects others wrote within it (%d so far) before pruning", p.Rechecked))
+// record writes a verdict into status, events and metrics, and returns when
+// to look again.
+func (r *StorageMigrationReconciler) record(ctx context.Context, sm *migrationv1alpha1.StorageMigration, p *pass, state passState, v verdict) time.Duration {
+	resource := p.target.Resource.GroupResource().String()
+	sm.Status.Progress = nil
+	if v.checkpoint {
+		// The last progress matches its continue token, so a resumed pass
+		// counts no page twice.
+		sm.Status.Progress = statusProgress(state.progress)
 	}
-	return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(target, status))
+	if v.summary != nil {
+		sm.Status.LastPass, sm.Status.FailedObjects = v.summary, statusFailures(state.result.Failures)
+	}
+	if v.eventReason != "" {
+		r.Recorder.Eventf(sm, nil, v.eventType, v.eventReason, v.eventAction, "%s", v.eventMessage)
+	}
+	passesTotal.WithLabelValues(resource, v.result).Inc()
+	switch v.next {
+	case nextRestart:
+		return restartDelay
+	case nextResume:
+		ctrl.LoggerFrom(ctx).Info("Pass paused by a transient error, resuming later", "error", state.err.Error())
+		return transientRetryDelay
+	case nextStalled:
+		return r.passes.stalled.When(sm.Name)
+	}
+	// The pass reached its end without failures.
+	r.passes.stalled.Forget(sm.Name)
+	if pruned := state.result.Pruned; len(pruned) > 0 {
+		storedVersionsPrunes.WithLabelValues(resource).Inc()
+		r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "Pruned", "Prune", "Removed %v from status.storedVersions of CRD %s", pruned, p.target.CRD.Name)
+	}
+	passDuration.WithLabelValues(resource).Observe(v.summary.CompletionTime.Sub(v.summary.StartTime.Time).Seconds())
+	ctrl.LoggerFrom(ctx).Info("Pass succeeded", "targetVersion", v.summary.TargetVersion, "listed", v.summary.Listed, "migrated", v.summary.Migrated,
+		"skipped", v.summary.Skipped, "rechecked", v.summary.Rechecked, "pruned", v.summary.PrunedVersions)
+	return 0
 }
 
 func reRunRequested(sm *migrationv1alpha1.StorageMigration) bool {
 	return sm.Annotations[migrationv1alpha1.ReRunAnnotation] != sm.Status.LastHandledReRunToken
-}
-
-// passEnded records how a pass ended and decides what comes next.
-func (r *StorageMigrationReconciler) passEnded(ctx context.Context, sm *migrationv1alpha1.StorageMigration, current *run, snap runSnapshot) (outcome, time.Duration) {
-	log := ctrl.LoggerFrom(ctx)
-	target := current.target.TargetVersion()
-	resource := current.target.Resource.GroupResource().String()
-	var stalledErr *migrator.StalledError
-	switch err := snap.err; {
-	case errors.Is(err, context.Canceled):
-		// Cancelled for a new spec: start over from where it got to. The
-		// last progress matches its continue token, so a resumed pass
-		// counts no page twice.
-		sm.Status.Progress = passProgress(snap.progress)
-		passesTotal.WithLabelValues(resource, "restarted").Inc()
-		return reconciling(migrationv1alpha1.ProgressingReason, "Restarting the pass for the new spec"), restartDelay
-	case errors.Is(err, storedversions.ErrCRDChanged):
-		sm.Status.Progress = nil
-		r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.ProgressingReason, "Migrate", "CRD %s changed during the pass; starting a new pass", current.target.CRD.Name)
-		passesTotal.WithLabelValues(resource, "restarted").Inc()
-		return reconciling(migrationv1alpha1.ProgressingReason, "The CRD changed during the pass; a new pass starts"), restartDelay
-	case errors.As(err, &stalledErr):
-		sm.Status.Progress = nil
-		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, stalledErr.Reason, "Migrate", stalledErr.Message)
-		passesTotal.WithLabelValues(resource, "stalled").Inc()
-		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
-	case err != nil:
-		// Transient: keep the checkpoint and resume after a while.
-		sm.Status.Progress = passProgress(snap.progress)
-		log.Info("Pass paused by a transient error, resuming later", "error", err.Error())
-		passesTotal.WithLabelValues(resource, "transient").Inc()
-		return reconciling(migrationv1alpha1.TransientErrorReason, "The pass paused after transient errors and resumes shortly: "+migrator.Message(err)), transientRetryDelay
-	}
-
-	result := snap.result
-	sm.Status.Progress = nil
-	summary := &migrationv1alpha1.PassSummary{
-		ObjectCounts: result.Counts, StartTime: metav1.NewTime(result.StartTime), CompletionTime: metav1.Now(), TargetVersion: target, PrunedVersions: result.Pruned,
-	}
-	if current.target.CRD != nil {
-		summary.ServedVersions = current.target.CRD.ServedVersions
-	}
-	sm.Status.LastPass, sm.Status.FailedObjects = summary, result.Failures
-	if summary.Failed > 0 {
-		msg := fmt.Sprintf("%d of %d objects could not be rewritten to %s; status.failedObjects names them. Nothing was pruned; the pass is retried with backoff", summary.Failed, summary.Listed, target)
-		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.ObjectsFailedReason, "Migrate", msg)
-		passesTotal.WithLabelValues(resource, "stalled").Inc()
-		return stalled(migrationv1alpha1.ObjectsFailedReason, msg), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
-	}
-	if len(result.Pruned) > 0 {
-		storedVersionsPrunes.WithLabelValues(resource).Inc()
-		r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "Pruned", "Prune", "Removed %v from status.storedVersions of CRD %s", result.Pruned, current.target.CRD.Name)
-	}
-	r.runs.succeeded(sm.Name)
-	passesTotal.WithLabelValues(resource, "succeeded").Inc()
-	passDuration.WithLabelValues(resource).Observe(summary.CompletionTime.Sub(summary.StartTime.Time).Seconds())
-	msg := fmt.Sprintf("All %d objects are stored at %s", summary.Listed, target)
-	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s (%d rewritten, %d changed by others meanwhile, %d rewritten again after the settle window)", msg, summary.Migrated, summary.Skipped, summary.Rechecked)
-	log.Info("Pass succeeded", "targetVersion", target, "listed", summary.Listed, "migrated", summary.Migrated, "skipped", summary.Skipped, "rechecked", summary.Rechecked, "pruned", summary.PrunedVersions)
-	return ready(msg), 0
 }
 
 // startIfNeeded resolves the resource and starts a pass if it needs one.
@@ -276,17 +239,17 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	var waitErr *migrator.WaitError
 	var stalledErr *migrator.StalledError
 	if !errors.As(err, &waitErr) {
-		r.runs.doneWaiting(sm.Name)
+		r.passes.waiting.Forget(sm.Name)
 	}
 	switch {
 	case waitErr != nil:
 		sm.Status.ObservedGeneration = sm.Generation
-		return reconciling(waitErr.Reason, waitErr.Message), r.runs.waiting(sm.Name, waitForStorageVersionBase, waitForStorageVersionMax)
+		return reconciling(migrationv1alpha1.WaitingForStorageVersionReason, waitErr.Message), r.passes.waiting.When(sm.Name)
 	case errors.As(err, &stalledErr):
 		sm.Status.ObservedGeneration = sm.Generation
 		// A re-run requested now has its answer: it stalled.
 		sm.Status.LastHandledReRunToken = sm.Annotations[migrationv1alpha1.ReRunAnnotation]
-		return stalled(stalledErr.Reason, stalledErr.Message), r.runs.stalled(sm.Name, r.StalledRetryBase, r.StalledRetryMax)
+		return stalled(migrationv1alpha1.UnsupportedReason, stalledErr.Message), r.passes.stalled.When(sm.Name)
 	case err != nil:
 		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(err)), transientRetryDelay
 	}
@@ -296,7 +259,7 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		sm.Status.ObservedGeneration = sm.Generation
 		return ready(fmt.Sprintf("All objects are stored at %s", target.TargetVersion())), 0
 	}
-	return r.start(ctx, sm, target, why), r.StatusInterval
+	return r.startPass(ctx, sm, target, why), r.StatusInterval
 }
 
 // passNeeded says why the resource needs a pass, or returns "".
@@ -323,9 +286,10 @@ func passNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) 
 	return ""
 }
 
-// start launches a pass in the background, resuming an interrupted one from
-// its checkpoint when it was taken on the same CRD at the same generation.
-func (r *StorageMigrationReconciler) start(ctx context.Context, sm *migrationv1alpha1.StorageMigration, target migrator.Target, why string) outcome {
+// startPass launches a pass in the background, resuming an interrupted one
+// from its checkpoint when it was taken on the same CRD at the same
+// generation.
+func (r *StorageMigrationReconciler) startPass(ctx context.Context, sm *migrationv1alpha1.StorageMigration, target migrator.Target, why string) outcome {
 	opts := migrator.Options{
 		Concurrency:  r.Concurrency,
 		PageSize:     r.PageSize,
@@ -349,67 +313,24 @@ func (r *StorageMigrationReconciler) start(ctx context.Context, sm *migrationv1a
 		cp = migrator.NewCheckpoint(target)
 	}
 	opts.Resume = cp
-	current := &run{target: target, progress: migrator.Progress{Checkpoint: *cp}, counted: cp.Counts}
+	p := &pass{target: target, state: passState{progress: migrator.Progress{Checkpoint: *cp}}, counted: cp.Counts}
 
 	sm.Status.TargetVersion = target.TargetVersion()
 	sm.Status.ObservedGeneration = sm.Generation
 	sm.Status.LastHandledReRunToken = sm.Annotations[migrationv1alpha1.ReRunAnnotation]
-	sm.Status.Progress = passProgress(current.progress)
-	sm.Status.FailedObjects = cp.Failures
+	sm.Status.Progress = statusProgress(p.state.progress)
+	sm.Status.FailedObjects = statusFailures(cp.Failures)
 
 	log := ctrl.LoggerFrom(ctx)
-	started := r.runs.start(ctx, sm, current, func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
+	launched := r.passes.launch(ctx, sm, p, func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
 		return r.Migrator.Migrate(ctrl.LoggerInto(ctx, log), target, opts, observe)
 	})
-	if !started {
+	if !launched {
 		return reconciling(migrationv1alpha1.ProgressingReason, "The operator is stopping; the pass starts when it runs again")
 	}
 	log.Info("Starting pass", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed)
 	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "PassStarted", "Migrate", "Rewriting %s to %s: %s", target.Resource.GroupResource(), target.TargetVersion(), why)
 	return reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why))
-}
-
-// checkpoint is the checkpoint of an interrupted pass saved in status, or nil.
-func checkpoint(status *migrationv1alpha1.StorageMigrationStatus) *migrator.Checkpoint {
-	p := status.Progress
-	if p == nil {
-		return nil
-	}
-	phase := p.Phase
-	if phase == "" {
-		phase = migrationv1alpha1.PassRewriting
-	}
-	return &migrator.Checkpoint{
-		Phase:               phase,
-		StartTime:           p.StartTime.Time,
-		TargetVersion:       status.TargetVersion,
-		CRDUID:              types.UID(p.CRDUID),
-		CRDGeneration:       p.CRDGeneration,
-		ListResourceVersion: p.ListResourceVersion,
-		WindowEnd:           p.WindowEndResourceVersion,
-		Continue:            p.ContinueToken,
-		Counts:              p.ObjectCounts,
-		Failures:            status.FailedObjects,
-	}
-}
-
-// passProgress is status.progress for a pass's progress.
-func passProgress(p migrator.Progress) *migrationv1alpha1.PassProgress {
-	progress := &migrationv1alpha1.PassProgress{
-		ObjectCounts:             p.Counts,
-		StartTime:                metav1.NewTime(p.StartTime),
-		RemainingEstimate:        p.RemainingEstimate,
-		ContinueToken:            p.Continue,
-		Phase:                    p.Phase,
-		CRDUID:                   string(p.CRDUID),
-		CRDGeneration:            p.CRDGeneration,
-		ListResourceVersion:      p.ListResourceVersion,
-		WindowEndResourceVersion: p.WindowEnd,
-	}
-	if p.Phase != migrationv1alpha1.PassRewriting && !p.SettleUntil.IsZero() {
-		progress.SettleUntil = &metav1.Time{Time: p.SettleUntil}
-	}
-	return progress
 }
 
 func pruneEnabled(sm *migrationv1alpha1.StorageMigration) bool {

@@ -120,16 +120,16 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	}, func(p migrator.Progress) {
 		mu.Lock()
 		defer mu.Unlock()
-		if p.Phase == migrationv1alpha1.PassRewriting {
+		if p.Phase == migrator.PhaseRewriting {
 			estimate := int64(-1)
 			if p.RemainingEstimate != nil {
 				estimate = p.Listed + *p.RemainingEstimate
 			}
-			bar.set(processed(p.Counts), estimate)
+			bar.set(p.Done(), estimate)
 			return
 		}
-		if p.Phase != phase && p.Phase == migrationv1alpha1.PassSettling {
-			bar.set(processed(p.Counts), p.Listed)
+		if p.Phase != phase && p.Phase == migrator.PhaseSettling {
+			bar.set(p.Done(), p.Listed)
 			bar.finish()
 			fmt.Fprintf(streams.ErrOut, "Settling: waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Format(time.TimeOnly))
 		}
@@ -143,11 +143,11 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	case errors.Is(err, storedversions.ErrCRDChanged):
 		return fmt.Errorf("CRD %s changed during the pass, so status.storedVersions was not pruned: run again", target.CRD.Name)
 	case errors.As(err, &stalledErr):
-		return &exitError{code: ExitPending, err: fmt.Errorf("%s: %s; nothing was pruned", stalledErr.Reason, stalledErr.Message)}
+		return &exitError{code: ExitPending, err: fmt.Errorf("%s: %s; nothing was pruned", migrationv1alpha1.UnsupportedReason, stalledErr.Message)}
 	default:
 		return fmt.Errorf("the pass stopped: %s", migrator.Message(err))
 	}
-	bar.set(processed(result.Counts), result.Listed)
+	bar.set(result.Done(), result.Listed)
 	bar.finish()
 	fmt.Fprintf(streams.Out, "%d objects in %s: %d rewritten, %d changed by others meanwhile, %d rewritten again after the settle window, %d failed.\n",
 		result.Listed, time.Since(start).Round(time.Millisecond), result.Migrated, result.Skipped, result.Rechecked, result.Failed)
@@ -187,7 +187,7 @@ func resolveWhenServed(ctx context.Context, c *clients, streams genericiooptions
 			}
 			return false, nil
 		case errors.As(err, &stalledErr):
-			return false, &exitError{code: ExitPending, err: fmt.Errorf("%s: %s", stalledErr.Reason, stalledErr.Message)}
+			return false, &exitError{code: ExitPending, err: fmt.Errorf("%s: %s", migrationv1alpha1.UnsupportedReason, stalledErr.Message)}
 		}
 		return err == nil, err
 	})

@@ -2,7 +2,6 @@ package migrator
 
 import (
 	"errors"
-	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -102,21 +101,19 @@ type TransientError struct {
 func (e *TransientError) Error() string { return "transient: " + e.Err.Error() }
 func (e *TransientError) Unwrap() error { return e.Err }
 
-// StalledError means the pass cannot complete without a user's action, such
-// as a resource that does not exist or cannot be listed or patched.
+// StalledError means the migration cannot go on without a user's action:
+// the resource does not exist, cannot be listed or patched, or cannot be
+// migrated as asked. Message says what to change.
 type StalledError struct {
-	// Reason is a CamelCase condition reason from the API package.
-	Reason  string
 	Message string
 }
 
-func (e *StalledError) Error() string { return e.Reason + ": " + e.Message }
+func (e *StalledError) Error() string { return "stalled: " + e.Message }
 
-// WaitError means the pass has not started because the API server is not
-// ready for it yet (it does not store at the new version yet).
+// WaitError means the migration has not started because the API server is
+// not ready for it yet (it does not store at the new version yet).
 type WaitError struct {
-	Reason  string
 	Message string
 }
 
-func (e *WaitError) Error() string { return fmt.Sprintf("%s: %s", e.Reason, e.Message) }
+func (e *WaitError) Error() string { return "waiting: " + e.Message }

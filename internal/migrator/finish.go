@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/storedversions"
 )
 
@@ -66,7 +65,7 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	if target.CRD != nil {
 		window.Go(func() { mg.closeWindowAt(ctx) })
 	}
-	if mg.progress().Phase == migrationv1alpha1.PassRewriting {
+	if mg.progress().Phase == PhaseRewriting {
 		if err := mg.pass(ctx, false); err != nil {
 			return mg.result(), err
 		}
@@ -74,7 +73,7 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 			return mg.result(), nil
 		}
 		// The first pass is over: a checkpoint taken from now on resumes here.
-		mg.setPhase(migrationv1alpha1.PassSettling)
+		mg.setPhase(PhaseSettling)
 	}
 	if target.CRD == nil {
 		return mg.result(), nil
@@ -109,7 +108,7 @@ func (mg *migration) startRecheck() {
 	mg.mu.Lock()
 	mg.cp.Rechecked, mg.cp.Failed, mg.cp.Failures = 0, 0, nil
 	mg.mu.Unlock()
-	mg.setPhase(migrationv1alpha1.PassRechecking)
+	mg.setPhase(PhaseRechecking)
 }
 
 // liveCRD reads the CRD live at the end of the first pass. A CRD deleted
@@ -121,11 +120,11 @@ func (mg *migration) liveCRD(ctx context.Context) (*apiextensionsv1.CustomResour
 	err := mg.m.Reader.Get(ctx, client.ObjectKey{Name: want.Name}, crd)
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("CRD %s was deleted during the pass, with its objects; nothing is left to migrate", want.Name)}
+		return nil, &StalledError{Message: fmt.Sprintf("CRD %s was deleted during the pass, with its objects; nothing is left to migrate", want.Name)}
 	case err != nil:
 		return nil, &TransientError{Err: fmt.Errorf("reading CRD %s after the pass: %w", want.Name, err)}
 	case !crd.DeletionTimestamp.IsZero():
-		return nil, &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("CRD %s is being deleted, with its objects; nothing is left to migrate", want.Name)}
+		return nil, &StalledError{Message: fmt.Sprintf("CRD %s is being deleted, with its objects; nothing is left to migrate", want.Name)}
 	case crd.UID != want.UID || crd.Generation != want.Generation || storedversions.StorageVersion(crd) != want.StorageVersion:
 		return nil, fmt.Errorf("CRD %s: %w", want.Name, storedversions.ErrCRDChanged)
 	}

@@ -26,7 +26,6 @@ import (
 	"k8s.io/client-go/metadata"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/storedversions"
 )
 
@@ -118,7 +117,7 @@ func (m *Migrator) restMapping(gr schema.GroupResource) (*meta.RESTMapping, erro
 		}
 	}
 	if meta.IsNoMatchError(err) {
-		return nil, &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("the API server serves no resource %s", gr)}
+		return nil, &StalledError{Message: fmt.Sprintf("the API server serves no resource %s", gr)}
 	}
 	return nil, &TransientError{Err: fmt.Errorf("resolving %s: %w", gr, err)}
 }
@@ -178,16 +177,16 @@ func (m *Migrator) resolveCRD(crd *apiextensionsv1.CustomResourceDefinition) (Ta
 		ServedVersions: storedversions.ServedVersions(crd),
 	}
 	if len(state.ServedVersions) == 0 {
-		return Target{}, &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("CRD %s serves no version", crd.Name)}
+		return Target{}, &StalledError{Message: fmt.Sprintf("CRD %s serves no version", crd.Name)}
 	}
 	if !crd.DeletionTimestamp.IsZero() {
-		return Target{}, &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("CRD %s is being deleted", crd.Name)}
+		return Target{}, &StalledError{Message: fmt.Sprintf("CRD %s is being deleted", crd.Name)}
 	}
 	if !slices.Contains(state.ServedVersions, state.StorageVersion) {
 		// Discovery publishes a storageVersionHash only for a served storage
 		// version, so nothing shows when the API server has switched to it:
 		// rewriting before that would re-store objects at the old version.
-		return Target{}, &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf(
+		return Target{}, &StalledError{Message: fmt.Sprintf(
 			"the storage version %s of CRD %s is not served (served: false), so discovery publishes no storageVersionHash and restow cannot confirm the API server stores at %s; set served: true on %s (it may be turned off again after the migration)",
 			state.StorageVersion, crd.Name, state.StorageVersion, state.StorageVersion)}
 	}
@@ -196,7 +195,7 @@ func (m *Migrator) resolveCRD(crd *apiextensionsv1.CustomResourceDefinition) (Ta
 		return Target{}, &TransientError{Err: err}
 	}
 	if notServing != "" {
-		return Target{}, &WaitError{Reason: migrationv1alpha1.WaitingForStorageVersionReason, Message: notServing}
+		return Target{}, &WaitError{Message: notServing}
 	}
 	for _, v := range crd.Spec.Versions {
 		if v.Name == state.StorageVersion {

@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/klog/v2"
 
-	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/storedversions"
 )
 
@@ -51,13 +50,45 @@ const (
 var DefaultRetryBackoff = wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8}
 
 // Counts counts objects by outcome.
-type Counts = migrationv1alpha1.ObjectCounts
+type Counts struct {
+	// Listed objects, in the first pass.
+	Listed int64
+	// Migrated objects: the API server accepted the rewrite.
+	Migrated int64
+	// Skipped objects: deleted, or changed by someone else, since listed.
+	Skipped int64
+	// Failed objects could not be rewritten.
+	Failed int64
+	// Rechecked objects were written by someone else within the settle
+	// window and rewritten again after it.
+	Rechecked int64
+}
+
+// Done is how many objects the first pass is done with.
+func (c Counts) Done() int64 { return c.Migrated + c.Skipped + c.Failed }
 
 // Failure is an object the pass could not rewrite.
-type Failure = migrationv1alpha1.FailedObject
+type Failure struct {
+	Namespace, Name string
+	// Reason is the API server's CamelCase reason, such as Forbidden.
+	Reason  string
+	Message string
+}
 
 // Phase is where a migration stands.
-type Phase = migrationv1alpha1.PassPhase
+type Phase string
+
+// The phases of a migration.
+const (
+	// PhaseRewriting: the first pass lists and rewrites every object.
+	PhaseRewriting Phase = "Rewriting"
+	// PhaseSettling: every object was rewritten; the migration waits for
+	// the settle window to end.
+	PhaseSettling Phase = "Settling"
+	// PhaseRechecking: the window is over; what others wrote within it is
+	// rewritten again.
+	PhaseRechecking Phase = "Rechecking"
+)
 
 // Options tune a migration.
 type Options struct {
@@ -230,7 +261,7 @@ func (m *Migrator) Rewrite(ctx context.Context, target Target, opts Options, obs
 // that subresource: every patch would answer 404.
 func (mg *migration) checkViaStatus() error {
 	if crd := mg.target.CRD; crd != nil && mg.opts.ViaStatus && !crd.StatusSubresource {
-		return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf(
+		return &StalledError{Message: fmt.Sprintf(
 			"rewriteViaStatus needs a status subresource, and version %s of CRD %s has none: turn rewriteViaStatus off, or add subresources.status to %s",
 			crd.StorageVersion, crd.Name, crd.StorageVersion)}
 	}
@@ -710,12 +741,12 @@ func (mg *migration) passError(doing string, err error) error {
 	case skipped:
 		if apierrors.IsNotFound(err) {
 			// The list itself found no resource: its CRD is gone.
-			return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("%s %s: the resource no longer exists: %s", doing, gr, Message(err))}
+			return &StalledError{Message: fmt.Sprintf("%s %s: the resource no longer exists: %s", doing, gr, Message(err))}
 		}
 		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, gr, err)}
 	case unsupported, permanent:
 		// A list or patch refused for the whole resource.
-		return &StalledError{Reason: migrationv1alpha1.UnsupportedReason, Message: fmt.Sprintf("%s %s: %s", doing, gr, Message(err))}
+		return &StalledError{Message: fmt.Sprintf("%s %s: %s", doing, gr, Message(err))}
 	default:
 		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, gr, err)}
 	}
@@ -724,7 +755,7 @@ func (mg *migration) passError(doing string, err error) error {
 // NewCheckpoint is the checkpoint of a migration of target that begins now,
 // just after Resolve saw the API server store at the target version.
 func NewCheckpoint(target Target) *Checkpoint {
-	cp := &Checkpoint{Phase: migrationv1alpha1.PassRewriting, StartTime: time.Now(), TargetVersion: target.TargetVersion()}
+	cp := &Checkpoint{Phase: PhaseRewriting, StartTime: time.Now(), TargetVersion: target.TargetVersion()}
 	if target.CRD != nil {
 		cp.CRDUID, cp.CRDGeneration = target.CRD.UID, target.CRD.Generation
 	}
