@@ -17,11 +17,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
@@ -256,59 +253,30 @@ func createSecrets(t *testing.T, namespace string, n int, value string) []string
 
 // crd is a test CRD with objects created at v1beta1.
 type crd struct {
-	group, plural, crdName string
+	testenv.Fixture
+	crdName string
+	objects int
 }
 
 func installCRD(t *testing.T, group, kind, plural string, objects int) crd {
 	t.Helper()
-	c := testenv.NewCRD(group, kind, plural, apiextensionsv1.NamespaceScoped,
-		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true},
-		testenv.CRDVersion{Name: "v1", Served: true})
-	env.InstallCRDForTest(t, c)
-	namespace := "rbac-" + plural
-	if err := env.EnsureNamespaces(t.Context(), namespace); err != nil {
-		t.Fatal(err)
-	}
-	err := env.CreateObjects(t.Context(), objects, func(i int) client.Object {
-		u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"n": int64(i)}}}
-		u.SetGroupVersionKind(schema.GroupVersionKind{Group: group, Version: "v1beta1", Kind: kind})
-		u.SetNamespace(namespace)
-		u.SetName(fmt.Sprintf("%s-%04d", strings.ToLower(kind), i))
-		return u
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return crd{group: group, plural: plural, crdName: c.Name}
+	c := crd{Fixture: testenv.Fixture{Env: env, Group: group, Kind: kind, Plural: plural, Namespaced: true}, objects: objects}
+	c.crdName = c.CRDName()
+	c.Install(t, "v1beta1", "v1")
+	c.CreateObjects(t, "v1beta1", objects, func(i int) map[string]any { return map[string]any{"n": int64(i)} }, "rbac-"+plural)
+	return c
 }
 
-func (c crd) switchStorage(t *testing.T, version string) {
-	t.Helper()
-	if err := env.SetStorageVersion(t.Context(), c.crdName, version); err != nil {
-		t.Fatal(err)
-	}
-}
+func (c crd) switchStorage(t *testing.T, version string) { t.Helper(); c.SwitchStorage(t, version) }
 
 func (c crd) assertAllStoredAt(t *testing.T, version string) {
 	t.Helper()
-	counts, err := env.StoredVersions(t.Context(), c.group, c.plural)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(counts) != 1 || counts[c.group+"/"+version] == 0 {
-		t.Errorf("etcd holds %s at %v, want all at %s", c.plural, counts, version)
-	}
+	c.AssertAllStoredAt(t, version, c.objects)
 }
 
 func (c crd) assertStoredVersions(t *testing.T, want ...string) {
 	t.Helper()
-	live := &apiextensionsv1.CustomResourceDefinition{}
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: c.crdName}, live); err != nil {
-		t.Fatal(err)
-	}
-	if fmt.Sprint(live.Status.StoredVersions) != fmt.Sprint(want) {
-		t.Errorf("%s status.storedVersions = %v, want %v", c.crdName, live.Status.StoredVersions, want)
-	}
+	c.AssertStoredVersions(t, want...)
 }
 
 // waitCondition waits until the named StorageMigration has the condition

@@ -63,15 +63,6 @@ func (f fixture) assertOnlyMigration(t *testing.T, name string) {
 	}
 }
 
-func (f fixture) crd(t *testing.T) *apiextensionsv1.CustomResourceDefinition {
-	t.Helper()
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: f.crdName()}, crd); err != nil {
-		t.Fatal(err)
-	}
-	return crd
-}
-
 // firstPassStart returns when the manager recorded the first PassStarted
 // event of a StorageMigration: events carry the recorder's clock to the
 // microsecond.

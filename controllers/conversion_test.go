@@ -34,7 +34,7 @@ func renameSchedule(obj *unstructured.Unstructured, to string) error {
 
 // conversionFixture installs a CRD with a conversion webhook, n objects
 // written at v1beta1 with spec.cronSpec, and switches storage to v1.
-func conversionFixture(t *testing.T, group string, n int) (fixture, []objectKey, *testenv.ConversionWebhook) {
+func conversionFixture(t *testing.T, group string, n int) (fixture, []client.ObjectKey, *testenv.ConversionWebhook) {
 	t.Helper()
 	webhook := testenv.StartConversionWebhook(t, renameSchedule)
 	f := fixture{group: group, kind: "CronTab", plural: "crontabs", namespaced: true, conversion: webhook.Conversion()}
@@ -42,7 +42,7 @@ func conversionFixture(t *testing.T, group string, n int) (fixture, []objectKey,
 	keys := f.createObjects(t, n, "c-0", "c-1")
 	for _, k := range keys {
 		patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"cronSpec":"*/5 * * * *"}}`))
-		if err := env.Client.Patch(t.Context(), f.object("v1beta1", k.namespace, k.name, nil), patch); err != nil {
+		if err := env.Client.Patch(t.Context(), f.object("v1beta1", k.Namespace, k.Name, nil), patch); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -53,11 +53,11 @@ func conversionFixture(t *testing.T, group string, n int) (fixture, []objectKey,
 
 // assertConverted reads every object's raw bytes from etcd: stored at v1,
 // with the field under its v1 name.
-func assertConverted(t *testing.T, f fixture, keys []objectKey) {
+func assertConverted(t *testing.T, f fixture, keys []client.ObjectKey) {
 	t.Helper()
 	f.assertStored(t, "v1", len(keys))
 	for _, k := range keys {
-		stored, err := env.ReadStored(t.Context(), f.group, f.plural, k.namespace, k.name)
+		stored, err := env.ReadStored(t.Context(), f.group, f.plural, k.Namespace, k.Name)
 		if err != nil {
 			t.Fatal(err)
 		}

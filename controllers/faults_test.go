@@ -103,7 +103,7 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 				}
 				k := keys[i]
 				if rng.IntN(20) == 0 {
-					if err := env.Client.Delete(ctx, f.object("v1", k.namespace, k.name, nil)); err != nil {
+					if err := env.Client.Delete(ctx, f.object("v1", k.Namespace, k.Name, nil)); err != nil {
 						t.Errorf("deleting %v: %v", k, err)
 						return
 					}
@@ -111,7 +111,7 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 					continue
 				}
 				patch := fmt.Appendf(nil, `{"spec":{"size":%d}}`, n)
-				if err := env.Client.Patch(ctx, f.object("v1", k.namespace, k.name, nil), client.RawPatch(types.MergePatchType, patch)); err != nil {
+				if err := env.Client.Patch(ctx, f.object("v1", k.Namespace, k.Name, nil), client.RawPatch(types.MergePatchType, patch)); err != nil {
 					t.Errorf("updating %v: %v", k, err)
 					return
 				}
@@ -136,7 +136,7 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 
 	deleted := 0
 	for i, k := range keys {
-		u := f.object("v1", k.namespace, k.name, nil)
+		u := f.object("v1", k.Namespace, k.Name, nil)
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(u), u)
 		switch want := lastWrite[i]; {
 		case want == -1:

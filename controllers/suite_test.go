@@ -2,8 +2,6 @@ package controllers_test
 
 import (
 	"context"
-	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -58,72 +56,41 @@ type fixture struct {
 	mutate func(*apiextensionsv1.CustomResourceDefinition)
 }
 
-func (f fixture) crdName() string { return f.plural + "." + f.group }
+func (f fixture) crdName() string { return f.fx().CRDName() }
+
+// fx is the shared test fixture (internal/testenv) this one delegates to.
+func (f fixture) fx() testenv.Fixture {
+	return testenv.Fixture{
+		Env: env, Group: f.group, Kind: f.kind, Plural: f.plural, Namespaced: f.namespaced,
+		Conversion: f.conversion, Labels: f.labels, Annotations: f.annotations, Mutate: f.mutate,
+	}
+}
 
 // install creates the CRD with the given versions, the first one storage.
 func (f fixture) install(t *testing.T, versions ...string) {
 	t.Helper()
-	scope := apiextensionsv1.ClusterScoped
-	if f.namespaced {
-		scope = apiextensionsv1.NamespaceScoped
-	}
-	vs := make([]testenv.CRDVersion, 0, len(versions))
-	for i, v := range versions {
-		vs = append(vs, testenv.CRDVersion{Name: v, Served: true, Storage: i == 0})
-	}
-	crd := testenv.NewCRD(f.group, f.kind, f.plural, scope, vs...)
-	crd.Spec.Conversion = f.conversion
-	crd.Labels, crd.Annotations = f.labels, f.annotations
-	if f.mutate != nil {
-		f.mutate(crd)
-	}
-	env.InstallCRDForTest(t, crd)
+	f.fx().Install(t, versions...)
 }
 
 // switchStorage makes version the CRD's storage version and waits until the
 // API server stores new writes at it.
 func (f fixture) switchStorage(t *testing.T, version string) {
 	t.Helper()
-	if err := env.SetStorageVersion(t.Context(), f.crdName(), version); err != nil {
-		t.Fatal(err)
-	}
+	f.fx().SwitchStorage(t, version)
 }
 
-func (f fixture) gvk(version string) schema.GroupVersionKind {
-	return schema.GroupVersionKind{Group: f.group, Version: version, Kind: f.kind}
-}
+func (f fixture) gvk(version string) schema.GroupVersionKind { return f.fx().GVK(version) }
 
 func (f fixture) object(version, namespace, name string, spec map[string]any) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
-	u.SetGroupVersionKind(f.gvk(version))
-	u.SetNamespace(namespace)
-	u.SetName(name)
-	return u
+	return f.fx().Object(version, namespace, name, spec)
 }
-
-type objectKey struct{ namespace, name string }
 
 // createObjects creates n objects at v1beta1, the fixtures' first storage
 // version, spread over namespaces (ignored for a cluster-scoped fixture), and
 // returns their keys.
-func (f fixture) createObjects(t *testing.T, n int, namespaces ...string) []objectKey {
+func (f fixture) createObjects(t *testing.T, n int, namespaces ...string) []client.ObjectKey {
 	t.Helper()
-	ctx := t.Context()
-	if !f.namespaced {
-		namespaces = []string{""}
-	}
-	ensureNamespaces(t, namespaces...)
-	keys := make([]objectKey, n)
-	for i := range n {
-		keys[i] = objectKey{namespace: namespaces[i%len(namespaces)], name: fmt.Sprintf("obj-%05d", i)}
-	}
-	err := env.CreateObjects(ctx, n, func(i int) client.Object {
-		return f.object("v1beta1", keys[i].namespace, keys[i].name, map[string]any{"size": int64(1)})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return keys
+	return f.fx().CreateObjects(t, "v1beta1", n, func(int) map[string]any { return map[string]any{"size": int64(1)} }, namespaces...)
 }
 
 func ensureNamespaces(t *testing.T, namespaces ...string) {
@@ -137,29 +104,19 @@ func ensureNamespaces(t *testing.T, namespaces ...string) {
 // version, and that there are want of them.
 func (f fixture) assertStored(t *testing.T, version string, want int) {
 	t.Helper()
-	counts, err := env.StoredVersions(t.Context(), f.group, f.plural)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if wantCounts := map[string]int{f.group + "/" + version: want}; len(counts) != 1 || counts[f.group+"/"+version] != want {
-		t.Fatalf("etcd holds %v, want %v", counts, wantCounts)
-	}
+	f.fx().AssertAllStoredAt(t, version, want)
 }
 
-func (f fixture) storedVersions(t *testing.T) []string {
-	t.Helper()
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: f.crdName()}, crd); err != nil {
-		t.Fatal(err)
-	}
-	return crd.Status.StoredVersions
-}
+func (f fixture) storedVersions(t *testing.T) []string { t.Helper(); return f.fx().StoredVersions(t) }
 
 func (f fixture) assertStoredVersions(t *testing.T, want ...string) {
 	t.Helper()
-	if got := f.storedVersions(t); !slices.Equal(got, want) {
-		t.Fatalf("status.storedVersions = %v, want %v", got, want)
-	}
+	f.fx().AssertStoredVersions(t, want...)
+}
+
+func (f fixture) crd(t *testing.T) *apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	return f.fx().CRD(t)
 }
 
 // createMigration creates the StorageMigration for the fixture's resource.

@@ -50,15 +50,14 @@ func restow(t *testing.T, args ...string) (stdout, stderr string, code int) {
 // v1 with n objects stored at v1beta1.
 type widgets struct{ group string }
 
-func (w widgets) crdName() string { return "widgets." + w.group }
+func (w widgets) fx() testenv.Fixture {
+	return testenv.Fixture{Env: env, Group: w.group, Kind: "Widget", Plural: "widgets", Namespaced: true}
+}
+
+func (w widgets) crdName() string { return w.fx().CRDName() }
 
 func (w widgets) object(name string) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"size": int64(1)}}}
-	u.SetAPIVersion(w.group + "/v1beta1")
-	u.SetKind("Widget")
-	u.SetNamespace("default")
-	u.SetName(name)
-	return u
+	return w.fx().Object("v1beta1", "default", name, map[string]any{"size": int64(1)})
 }
 
 // installSwitched installs the CRD with n objects and switches its storage
@@ -67,8 +66,7 @@ func (w widgets) object(name string) *unstructured.Unstructured {
 func installSwitched(t *testing.T, group string, n int, frozen ...string) widgets {
 	t.Helper()
 	w := widgets{group: group}
-	env.InstallCRDForTest(t, testenv.NewCRD(group, "Widget", "widgets", apiextensionsv1.NamespaceScoped,
-		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true}, testenv.CRDVersion{Name: "v1", Served: true}))
+	w.fx().Install(t, "v1beta1", "v1")
 	if err := env.CreateObjects(t.Context(), n, func(i int) client.Object { return w.object(fmt.Sprintf("w-%04d", i)) }); err != nil {
 		t.Fatal(err)
 	}
@@ -79,9 +77,7 @@ func installSwitched(t *testing.T, group string, n int, frozen ...string) widget
 		}
 		t.Cleanup(func() { _ = allow(context.Background()) })
 	}
-	if err := env.SetStorageVersion(t.Context(), w.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	w.fx().SwitchStorage(t, "v1")
 	w.assertStored(t, map[string]int{"v1beta1": n})
 	return w
 }
@@ -89,28 +85,12 @@ func installSwitched(t *testing.T, group string, n int, frozen ...string) widget
 // assertStored checks in etcd how many objects are stored at each version.
 func (w widgets) assertStored(t *testing.T, want map[string]int) {
 	t.Helper()
-	got, err := env.StoredVersions(t.Context(), w.group, "widgets")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantFull := map[string]int{}
-	for v, n := range want {
-		wantFull[w.group+"/"+v] = n
-	}
-	if fmt.Sprint(got) != fmt.Sprint(wantFull) {
-		t.Fatalf("etcd holds %v, want %v", got, wantFull)
-	}
+	w.fx().AssertStored(t, want)
 }
 
 func (w widgets) assertStoredVersions(t *testing.T, want ...string) {
 	t.Helper()
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: w.crdName()}, crd); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(crd.Status.StoredVersions, want) {
-		t.Fatalf("status.storedVersions = %v, want %v", crd.Status.StoredVersions, want)
-	}
+	w.fx().AssertStoredVersions(t, want...)
 }
 
 func (w widgets) deleteMigrationsAtEnd(t *testing.T) {
@@ -219,18 +199,17 @@ func TestPlanDryRunAndRun(t *testing.T) {
 // rewrites and prunes nothing.
 func TestRunViaStatusWithoutStatusSubresource(t *testing.T) {
 	w := widgets{group: "nostatus.cli.restow.dev"}
-	crd := testenv.NewCRD(w.group, "Widget", "widgets", apiextensionsv1.NamespaceScoped,
-		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true}, testenv.CRDVersion{Name: "v1", Served: true})
-	for i := range crd.Spec.Versions {
-		crd.Spec.Versions[i].Subresources = nil
+	fx := w.fx()
+	fx.Mutate = func(crd *apiextensionsv1.CustomResourceDefinition) {
+		for i := range crd.Spec.Versions {
+			crd.Spec.Versions[i].Subresources = nil
+		}
 	}
-	env.InstallCRDForTest(t, crd)
+	fx.Install(t, "v1beta1", "v1")
 	if err := env.CreateObjects(t.Context(), 20, func(i int) client.Object { return w.object(fmt.Sprintf("w-%04d", i)) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := env.SetStorageVersion(t.Context(), w.crdName(), "v1"); err != nil {
-		t.Fatal(err)
-	}
+	fx.SwitchStorage(t, "v1")
 
 	_, errOut, code := restow(t, "run", w.crdName(), "--via-status", "--settle-window", "1s")
 	if code != cli.ExitPending || !strings.Contains(errOut, "subresources.status") || !strings.Contains(errOut, "nothing was pruned") {

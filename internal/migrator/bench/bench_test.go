@@ -14,9 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/testenv"
 )
@@ -69,25 +66,18 @@ func (s *heapSampler) stop() uint64 {
 	return s.peak.Load() - s.base.Load()
 }
 
-func createObjects(b *testing.B, group string, n int) {
+// blobs is the benchmarks' CRD in group: namespaced Blobs.
+func blobs(group string) testenv.Fixture {
+	return testenv.Fixture{Env: env, Group: group, Kind: "Blob", Plural: "blobs", Namespaced: true}
+}
+
+// createObjects creates n Blobs of 1 KiB at v1beta1 in 10 namespaces.
+func createObjects(b *testing.B, fx testenv.Fixture, n int) {
 	b.Helper()
-	ctx := b.Context()
 	namespaces := make([]string, 10)
 	for i := range namespaces {
 		namespaces[i] = fmt.Sprintf("bench-%d", i)
 	}
-	if err := env.EnsureNamespaces(ctx, namespaces...); err != nil {
-		b.Fatal(err)
-	}
 	payload := strings.Repeat("x", 1024)
-	err := env.CreateObjects(ctx, n, func(i int) client.Object {
-		u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"payload": payload}}}
-		u.SetGroupVersionKind(schema.GroupVersionKind{Group: group, Version: "v1beta1", Kind: "Blob"})
-		u.SetNamespace(namespaces[i%len(namespaces)])
-		u.SetName(fmt.Sprintf("blob-%06d", i))
-		return u
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
+	fx.CreateObjects(b, "v1beta1", n, func(int) map[string]any { return map[string]any{"payload": payload} }, namespaces...)
 }

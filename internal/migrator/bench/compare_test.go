@@ -292,6 +292,7 @@ func BenchmarkCompare(b *testing.B) {
 }
 
 type compareFixture struct {
+	fx      testenv.Fixture
 	n       int
 	group   string
 	crdName string
@@ -305,14 +306,11 @@ type compareFixture struct {
 const benchLabel = "bench.restow.dev/objects"
 
 func newCompareFixture(b *testing.B, n int) *compareFixture {
-	group := fmt.Sprintf("n%d.compare.bench.restow.dev", n)
-	crd := testenv.NewCRD(group, "Blob", "blobs", apiextensionsv1.NamespaceScoped,
-		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true},
-		testenv.CRDVersion{Name: "v1", Served: true})
-	crd.Labels = map[string]string{benchLabel: strconv.Itoa(n)}
-	env.InstallCRDForTest(b, crd)
-	createObjects(b, group, n)
-	return &compareFixture{n: n, group: group, crdName: crd.Name, clients: newClients(b), storage: "v1beta1"}
+	fx := blobs(fmt.Sprintf("n%d.compare.bench.restow.dev", n))
+	fx.Labels = map[string]string{benchLabel: strconv.Itoa(n)}
+	fx.Install(b, "v1beta1", "v1")
+	createObjects(b, fx, n)
+	return &compareFixture{fx: fx, n: n, group: fx.Group, crdName: fx.CRDName(), clients: newClients(b), storage: "v1beta1"}
 }
 
 func (f *compareFixture) gvr() schema.GroupVersionResource {
@@ -546,11 +544,6 @@ func (f *compareFixture) deleteAutomaticMigration(b *testing.B) {
 
 // assertStored checks in etcd that every object is stored at the storage version.
 func (f *compareFixture) assertStored(b *testing.B) {
-	counts, err := env.StoredVersions(b.Context(), f.group, "blobs")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if counts[f.group+"/"+f.storage] != f.n || len(counts) != 1 {
-		b.Fatalf("etcd holds %v, want all %d at %s", counts, f.n, f.storage)
-	}
+	b.Helper()
+	f.fx.AssertAllStoredAt(b, f.storage, f.n)
 }
