@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/restow/restow/internal/testenv"
 )
 
