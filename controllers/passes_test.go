@@ -50,7 +50,7 @@ func TestPassesLaunchNothingOnceStopped(t *testing.T) {
 // start again from the base once one succeeds.
 func TestStalledBackoff(t *testing.T) {
 	ps := newPasses(time.Second, 5*time.Second)
-	var got []time.Duration
+	got := make([]time.Duration, 0, 5)
 	for range 5 {
 		got = append(got, ps.stalled.When("a"))
 	}

@@ -285,7 +285,7 @@ func TestOneUnconvertibleObjectDoesNotBlockTheRest(t *testing.T) {
 	startManager(t, nil)
 	sm := f.createMigration(t, nil)
 	sm = waitFor(t, sm.Name, 2*time.Minute, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.ObjectsFailedReason))
-	var names []string
+	names := make([]string, 0, len(sm.Status.FailedObjects))
 	for _, fo := range sm.Status.FailedObjects {
 		names = append(names, fo.Name)
 	}

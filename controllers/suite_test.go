@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -78,8 +77,6 @@ func (f fixture) switchStorage(t *testing.T, version string) {
 	t.Helper()
 	f.fx().SwitchStorage(t, version)
 }
-
-func (f fixture) gvk(version string) schema.GroupVersionKind { return f.fx().GVK(version) }
 
 func (f fixture) object(version, namespace, name string, spec map[string]any) *unstructured.Unstructured {
 	return f.fx().Object(version, namespace, name, spec)

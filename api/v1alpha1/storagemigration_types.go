@@ -152,12 +152,12 @@ type ObjectCounts struct {
 type PassPhase string
 
 const (
-	// PassRewriting: the pass lists and rewrites every object.
+	// PassRewriting means the pass lists and rewrites every object.
 	PassRewriting PassPhase = "Rewriting"
-	// PassSettling: every object was rewritten; the pass waits for the settle
+	// PassSettling means every object was rewritten; the pass waits for the settle
 	// window, so that no write that began on the old storage can still commit.
 	PassSettling PassPhase = "Settling"
-	// PassRechecking: the settle window is over; the pass rewrites again the
+	// PassRechecking means the settle window is over; the pass rewrites again the
 	// objects others wrote within it.
 	PassRechecking PassPhase = "Rechecking"
 )

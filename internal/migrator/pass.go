@@ -80,12 +80,12 @@ type Phase string
 
 // The phases of a migration.
 const (
-	// PhaseRewriting: the first pass lists and rewrites every object.
+	// PhaseRewriting means the first pass lists and rewrites every object.
 	PhaseRewriting Phase = "Rewriting"
-	// PhaseSettling: every object was rewritten; the migration waits for
+	// PhaseSettling means every object was rewritten; the migration waits for
 	// the settle window to end.
 	PhaseSettling Phase = "Settling"
-	// PhaseRechecking: the window is over; what others wrote within it is
+	// PhaseRechecking means the window is over; what others wrote within it is
 	// rewritten again.
 	PhaseRechecking Phase = "Rechecking"
 )

@@ -47,16 +47,16 @@ func (e *Env) ObservePrunes(t testing.TB, group, resource string, interval time.
 		_ = wait.PollUntilContextCancel(ctx, interval, true, func(ctx context.Context) (bool, error) {
 			crd := &apiextensionsv1.CustomResourceDefinition{}
 			if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil || len(crd.Status.StoredVersions) != 1 {
-				return false, nil //nolint:nilerr // keep observing through API server restarts
+				return false, nil // keep observing through API server restarts
 			}
 			only := group + "/" + crd.Status.StoredVersions[0]
 			counts, err := e.StoredVersions(ctx, group, resource)
 			if err != nil {
-				return false, nil //nolint:nilerr // keep observing; etcd errors here are the test's own
+				return false, nil // keep observing; etcd errors here are the test's own
 			}
 			after := &apiextensionsv1.CustomResourceDefinition{}
 			if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, after); err != nil || after.ResourceVersion != crd.ResourceVersion {
-				return false, nil //nolint:nilerr // a changed or unreadable CRD: take the next sample
+				return false, nil // a changed or unreadable CRD: take the next sample
 			}
 			o.mu.Lock()
 			defer o.mu.Unlock()
