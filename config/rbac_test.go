@@ -28,9 +28,8 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
-	"github.com/restow/restow/internal/testmanager"
-	"github.com/restow/restow/internal/testoperator"
 )
 
 // TestLeastPrivilegeRBAC runs restow with nothing but the RBAC that
@@ -69,7 +68,7 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 	assertScannerCatches(t, canary)
 
 	t.Run("migrates a CRD and Secrets as the service account", func(t *testing.T) {
-		stop := testoperator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
+		stop := operator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
 		defer stop()
 		crontabs.switchStorage(t, "v1")
 		secretsMigration := &migrationv1alpha1.StorageMigration{
@@ -113,7 +112,7 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 		t.Cleanup(func() { apply(t, objs) })
 		outside := installCRD(t, "outside.config.restow.dev", "Gadget", "gadgets", 20)
 		outside.switchStorage(t, "v1")
-		stop := testoperator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
+		stop := operator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
 		defer stop()
 
 		sm := waitCondition(t, outside.crdName, migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason)
@@ -139,7 +138,7 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 		if err := env.WriteKubeconfigAs(kubeconfig, user, groups...); err != nil {
 			t.Fatal(err)
 		}
-		manager := testmanager.Start(t, testmanager.Options{
+		manager := operator.StartProcess(t, operator.ProcessOptions{
 			Kubeconfig: kubeconfig,
 			Args:       []string{"--leader-election-namespace=" + sa.Namespace},
 		})

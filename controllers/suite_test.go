@@ -16,8 +16,8 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
-	"github.com/restow/restow/internal/testoperator"
 )
 
 var env *testenv.Env
@@ -40,7 +40,7 @@ func startManagerWith(t *testing.T, cfg *rest.Config, opts controllers.Options) 
 	if cfg == nil {
 		cfg = env.Config
 	}
-	return testoperator.Start(t, cfg, env.Scheme, opts)
+	return operator.Start(t, cfg, env.Scheme, opts)
 }
 
 // fixture is a test CRD whose storage version the test switches.

@@ -17,8 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
-	"github.com/restow/restow/internal/testmanager"
 )
 
 // webhookDown is how long the conversion webhook stays away in
@@ -111,11 +111,11 @@ func TestLeaderKilledMidPass(t *testing.T) {
 }
 
 // whoLeads waits until one of the managers holds the lease.
-func whoLeads(t *testing.T, a, b *testmanager.Process) (leader, follower *testmanager.Process) {
+func whoLeads(t *testing.T, a, b *operator.Process) (leader, follower *operator.Process) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		for _, pair := range [][2]*testmanager.Process{{a, b}, {b, a}} {
+		for _, pair := range [][2]*operator.Process{{a, b}, {b, a}} {
 			if v, err := pair[0].Metric(t.Context(), "leader_election_master_status", nil); err == nil && v == 1 {
 				return pair[0], pair[1]
 			}

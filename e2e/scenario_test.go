@@ -33,8 +33,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
-	"github.com/restow/restow/internal/testmanager"
 )
 
 var (
@@ -178,9 +178,9 @@ func (s *scenario) object(version string, i int) *unstructured.Unstructured {
 // startManager runs the manager binary for this scenario: automatic
 // migration for this scenario's CRD only, leader election in its own
 // namespace, short stalled retries.
-func (s *scenario) startManager(name string, args ...string) *testmanager.Process {
+func (s *scenario) startManager(name string, args ...string) *operator.Process {
 	s.t.Helper()
-	p := testmanager.Start(s.t, testmanager.Options{
+	p := operator.StartProcess(s.t, operator.ProcessOptions{
 		Name:       name,
 		Kubeconfig: adminKubeconfig(s.t),
 		Args: append([]string{
@@ -471,7 +471,7 @@ func (s *scenario) waitCondition(condition, reason string, timeout time.Duration
 
 // logFile keeps a manager's log beside the test's other output when
 // RESTOW_E2E_LOGS names a directory.
-func logFile(t *testing.T, p *testmanager.Process) {
+func logFile(t *testing.T, p *operator.Process) {
 	dir := os.Getenv("RESTOW_E2E_LOGS")
 	if dir == "" {
 		return

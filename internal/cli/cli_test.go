@@ -20,8 +20,8 @@ import (
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
-	"github.com/restow/restow/internal/testoperator"
 )
 
 var env *testenv.Env
@@ -241,7 +241,7 @@ func TestRunReportsFailedObjects(t *testing.T) {
 func TestMigrateWait(t *testing.T) {
 	w := installSwitched(t, "migrate.cli.restow.dev", 400)
 	w.deleteMigrationsAtEnd(t)
-	testoperator.Start(t, env.Config, env.Scheme, controllers.Options{})
+	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
 
 	out, _, code := restow(t, "migrate", w.crdName(), "--wait", "--timeout", "2m")
 	if code != 0 {
@@ -294,7 +294,7 @@ func TestMigrateWaitStalledAndTimeout(t *testing.T) {
 		t.Errorf("migrate --wait without an operator exited %d, want %d (timeout)", code, cli.ExitTimeout)
 	}
 
-	testoperator.Start(t, env.Config, env.Scheme, controllers.Options{})
+	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
 	_, errOut, code := restow(t, "migrate", w.crdName(), "--wait", "--timeout", "2m")
 	if code != cli.ExitPending || !strings.Contains(errOut, migrationv1alpha1.ObjectsFailedReason) {
 		t.Errorf("migrate --wait with a denied object exited %d, want %d with reason %s", code, cli.ExitPending, migrationv1alpha1.ObjectsFailedReason)

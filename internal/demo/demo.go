@@ -25,9 +25,9 @@ import (
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/controlplane"
 	"github.com/restow/restow/internal/logging"
-	"github.com/restow/restow/internal/testenv"
-	"github.com/restow/restow/internal/testoperator"
+	"github.com/restow/restow/internal/operator"
 )
 
 // The demo's control plane ends requests after demoRequestTimeout, so writes
@@ -74,7 +74,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	fmt.Fprintf(out, "restow demo: %d objects of a CRD whose storage version changes\n", opts.Objects)
 	step(out, 1, "Starting a throw-away control plane: etcd and kube-apiserver, built from source, on 127.0.0.1.")
-	env, err := testenv.Start(testenv.Options{
+	env, err := controlplane.Start(controlplane.Options{
 		CRDDirectoryPaths: []string{opts.CRDDirectory},
 		APIServerArgs:     map[string]string{"request-timeout": demoRequestTimeout.String()},
 	})
@@ -142,7 +142,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		"   kube-apiserver with --request-timeout=%s, so the window is %s (twice that); with the default 60s, it is 2m.\n",
 		demoRequestTimeout, demoSettleWindow)
 	// Status every second, so the progress moves along.
-	stopOperator, err := testoperator.Run(ctx, env.Config, env.Scheme, controllers.Options{
+	stopOperator, err := operator.Run(ctx, env.Config, env.Scheme, controllers.Options{
 		StatusInterval:   time.Second,
 		StalledRetryBase: 5 * time.Second,
 		StalledRetryMax:  time.Minute,
@@ -221,7 +221,7 @@ func routeLogs(path string) error {
 }
 
 type demoEnv struct {
-	env *testenv.Env
+	env *controlplane.ControlPlane
 	out io.Writer
 }
 
@@ -254,7 +254,7 @@ func (d *demoEnv) storedVersions(ctx context.Context) error {
 	return nil
 }
 
-func removeVersion(ctx context.Context, env *testenv.Env, version string) error {
+func removeVersion(ctx context.Context, env *controlplane.ControlPlane, version string) error {
 	return env.UpdateCRD(ctx, crdName, func(crd *apiextensionsv1.CustomResourceDefinition) {
 		crd.Spec.Versions = slices.DeleteFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == version })
 	})
@@ -274,9 +274,9 @@ func cronTabCRD() *apiextensionsv1.CustomResourceDefinition {
 			},
 		},
 	}
-	crd := testenv.NewCRD(group, "CronTab", plural, apiextensionsv1.NamespaceScoped,
-		testenv.CRDVersion{Name: "v1beta1", Served: true, Storage: true, Schema: schema},
-		testenv.CRDVersion{Name: "v1", Served: true, Schema: schema})
+	crd := controlplane.NewCRD(group, "CronTab", plural, apiextensionsv1.NamespaceScoped,
+		controlplane.CRDVersion{Name: "v1beta1", Served: true, Storage: true, Schema: schema},
+		controlplane.CRDVersion{Name: "v1", Served: true, Schema: schema})
 	crd.Spec.Names.ShortNames = []string{"ct"}
 	return crd
 }

@@ -31,8 +31,8 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
-	"github.com/restow/restow/internal/testmanager"
 )
 
 // sizes are the object counts BenchmarkCompare runs at:
@@ -421,7 +421,7 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 	for b.Loop() {
 		b.StopTimer()
 		f.pruneStoredVersions(b)
-		manager := testmanager.Start(b, testmanager.Options{
+		manager := operator.StartProcess(b, operator.ProcessOptions{
 			Kubeconfig: kubeconfig,
 			// The settle window is a safety wait, not work: kept short here
 			// so the figure is the pass itself.

@@ -1,4 +1,4 @@
-package testenv
+package controlplane
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 const createWorkers = 32
 
 // EnsureNamespaces creates the namespaces that do not exist yet; "" is skipped.
-func (e *Env) EnsureNamespaces(ctx context.Context, namespaces ...string) error {
+func (e *ControlPlane) EnsureNamespaces(ctx context.Context, namespaces ...string) error {
 	for _, ns := range namespaces {
 		if ns == "" {
 			continue
@@ -29,7 +29,7 @@ func (e *Env) EnsureNamespaces(ctx context.Context, namespaces ...string) error 
 
 // CreateObjects creates object(0) to object(n-1) in parallel and returns the
 // first error.
-func (e *Env) CreateObjects(ctx context.Context, n int, object func(i int) client.Object) error {
+func (e *ControlPlane) CreateObjects(ctx context.Context, n int, object func(i int) client.Object) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	work := make(chan int)

@@ -1,4 +1,4 @@
-package testenv
+package controlplane
 
 import (
 	"bytes"
@@ -28,13 +28,13 @@ const APIServerShutdownGrace = 10 * time.Second
 // the new process answers /readyz, with the time it took to stop and the
 // time until it was ready again. Clients keep their configuration: the
 // server's certificate and address do not change.
-func (e *Env) RestartAPIServer(ctx context.Context, down time.Duration) (stopped, ready time.Duration, err error) {
+func (e *ControlPlane) RestartAPIServer(ctx context.Context, down time.Duration) (stopped, ready time.Duration, err error) {
 	start := time.Now()
 	err = e.restartAPIServer(ctx, down, func() { stopped = time.Since(start) })
 	return stopped, time.Since(start), err
 }
 
-func (e *Env) restartAPIServer(ctx context.Context, down time.Duration, onStopped func()) error {
+func (e *ControlPlane) restartAPIServer(ctx context.Context, down time.Duration, onStopped func()) error {
 	pid, err := e.apiServerPID()
 	if err != nil {
 		return err
@@ -90,7 +90,7 @@ func (e *Env) restartAPIServer(ctx context.Context, down time.Duration, onStoppe
 	return e.waitAPIServerReady(ctx)
 }
 
-func (e *Env) restartedDone() bool {
+func (e *ControlPlane) restartedDone() bool {
 	select {
 	case <-e.restartedWait:
 		return true
@@ -100,7 +100,7 @@ func (e *Env) restartedDone() bool {
 }
 
 // waitAPIServerReady waits until kube-apiserver answers /readyz with ok.
-func (e *Env) waitAPIServerReady(ctx context.Context) error {
+func (e *ControlPlane) waitAPIServerReady(ctx context.Context) error {
 	clientset, err := kubernetes.NewForConfig(e.Config)
 	if err != nil {
 		return err
@@ -113,17 +113,27 @@ func (e *Env) waitAPIServerReady(ctx context.Context) error {
 
 // stopRestarted stops a kube-apiserver RestartAPIServer started, which
 // envtest does not know of.
-func (e *Env) stopRestarted() error {
+func (e *ControlPlane) stopRestarted() error {
 	if e.restarted == nil || e.restartedDone() {
 		return nil
 	}
-	_ = e.restarted.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-e.restartedWait:
-		return nil
-	case <-time.After(30 * time.Second):
-		_ = e.restarted.Process.Kill()
-		<-e.restartedWait
+	if Terminate(e.restarted.Process, e.restartedWait, 30*time.Second) {
 		return errors.New("kube-apiserver did not stop within 30 s of SIGTERM; killed")
+	}
+	return nil
+}
+
+// Terminate stops a process the way a kubelet does: SIGTERM, then SIGKILL
+// once grace is over. exited is closed once the process is gone. It reports
+// whether it had to kill.
+func Terminate(p *os.Process, exited <-chan struct{}, grace time.Duration) (killed bool) {
+	_ = p.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+		return false
+	case <-time.After(grace):
+		_ = p.Kill()
+		<-exited
+		return true
 	}
 }

@@ -1,4 +1,4 @@
-package testenv
+package controlplane
 
 import (
 	"bytes"
@@ -44,7 +44,7 @@ func resourcePrefix(group, resource string) string {
 }
 
 // ReadStored reads one object straight from etcd.
-func (e *Env) ReadStored(ctx context.Context, group, resource, namespace, name string) (StoredObject, error) {
+func (e *ControlPlane) ReadStored(ctx context.Context, group, resource, namespace, name string) (StoredObject, error) {
 	key := Key(group, resource, namespace, name)
 	resp, err := e.etcd.Get(ctx, key)
 	if err != nil {
@@ -58,7 +58,7 @@ func (e *Env) ReadStored(ctx context.Context, group, resource, namespace, name s
 
 // StoredVersions reads every object of a resource straight from etcd and
 // counts them by the apiVersion they are encoded at.
-func (e *Env) StoredVersions(ctx context.Context, group, resource string) (map[string]int, error) {
+func (e *ControlPlane) StoredVersions(ctx context.Context, group, resource string) (map[string]int, error) {
 	counts := map[string]int{}
 	err := e.forEachStored(ctx, group, resource, func(o StoredObject) error {
 		counts[o.APIVersion]++
@@ -69,7 +69,7 @@ func (e *Env) StoredVersions(ctx context.Context, group, resource string) (map[s
 
 // forEachStored calls fn for every object of a resource in etcd, reading in
 // pages so a large resource never sits in memory at once.
-func (e *Env) forEachStored(ctx context.Context, group, resource string, fn func(StoredObject) error) error {
+func (e *ControlPlane) forEachStored(ctx context.Context, group, resource string, fn func(StoredObject) error) error {
 	prefix := resourcePrefix(group, resource) + "/"
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	from := prefix
@@ -124,7 +124,7 @@ func decodeStored(key string, raw []byte) (StoredObject, error) {
 // CompactEtcd compacts etcd at its current revision, as the API server's
 // periodic compaction does: list snapshots older than now expire, and a
 // continue token taken from one answers 410 Expired.
-func (e *Env) CompactEtcd(ctx context.Context) error {
+func (e *ControlPlane) CompactEtcd(ctx context.Context) error {
 	resp, err := e.etcd.Get(ctx, etcdPrefix, clientv3.WithCountOnly())
 	if err != nil {
 		return err

@@ -1,9 +1,8 @@
-package testenv
+package controlplane
 
 import (
 	"context"
 	"fmt"
-	"testing"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -74,7 +73,7 @@ func OpenObjectSchema() *apiextensionsv1.JSONSchemaProps {
 }
 
 // InstallCRD creates a CRD and waits until the API server serves it.
-func (e *Env) InstallCRD(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) error {
+func (e *ControlPlane) InstallCRD(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) error {
 	if err := e.Client.Create(ctx, crd); err != nil {
 		return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
 	}
@@ -83,7 +82,7 @@ func (e *Env) InstallCRD(ctx context.Context, crd *apiextensionsv1.CustomResourc
 
 // UpdateCRD applies mutate to the live CRD, retrying on conflict, and waits
 // until the API server serves the result.
-func (e *Env) UpdateCRD(ctx context.Context, name string, mutate func(*apiextensionsv1.CustomResourceDefinition)) error {
+func (e *ControlPlane) UpdateCRD(ctx context.Context, name string, mutate func(*apiextensionsv1.CustomResourceDefinition)) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		crd := &apiextensionsv1.CustomResourceDefinition{}
 		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
@@ -100,7 +99,7 @@ func (e *Env) UpdateCRD(ctx context.Context, name string, mutate func(*apiextens
 
 // SetStorageVersion makes version the CRD's only storage version and waits
 // until the API server stores new writes at it.
-func (e *Env) SetStorageVersion(ctx context.Context, name, version string) error {
+func (e *ControlPlane) SetStorageVersion(ctx context.Context, name, version string) error {
 	return e.UpdateCRD(ctx, name, func(crd *apiextensionsv1.CustomResourceDefinition) {
 		for i := range crd.Spec.Versions {
 			crd.Spec.Versions[i].Storage = crd.Spec.Versions[i].Name == version
@@ -108,26 +107,9 @@ func (e *Env) SetStorageVersion(ctx context.Context, name, version string) error
 	})
 }
 
-// InstallCRDForTest installs a CRD and deletes it when the test ends.
-func (e *Env) InstallCRDForTest(t testing.TB, crd *apiextensionsv1.CustomResourceDefinition) {
-	t.Helper()
-	if err := e.InstallCRD(t.Context(), crd); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// t.Context() is already cancelled when cleanups run. Deleting a CRD
-		// deletes its objects: 50,000 take minutes.
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-		defer cancel()
-		if err := e.DeleteCRD(ctx, crd.Name); err != nil {
-			t.Error(err)
-		}
-	})
-}
-
 // DeleteCRD deletes a CRD and waits until it is gone (with its objects, for
 // as long as ctx allows), so the next test may reuse its name.
-func (e *Env) DeleteCRD(ctx context.Context, name string) error {
+func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
 	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if err := e.Client.Delete(ctx, crd); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting CRD %s: %w", name, err)
@@ -140,7 +122,7 @@ func (e *Env) DeleteCRD(ctx context.Context, name string) error {
 
 // WaitForCRD waits until a CRD is established and the API server stores at
 // its current storage version, by the same gate a migration pass uses.
-func (e *Env) WaitForCRD(ctx context.Context, name string) error {
+func (e *ControlPlane) WaitForCRD(ctx context.Context, name string) error {
 	disco, err := clientdiscovery.NewDiscoveryClientForConfig(e.Config)
 	if err != nil {
 		return err

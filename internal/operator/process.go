@@ -1,9 +1,9 @@
-// Package testmanager builds cmd/manager and runs it as a separate process
-// against a test control plane, the way users run it: its own kubeconfig,
-// leader election, metrics and probes on loopback ports. The operator
-// benchmarks and the end-to-end suite use it; in-process tests use
-// internal/testoperator instead.
-package testmanager
+package operator
+
+// The operator as a process: cmd/manager built and run against a local
+// control plane the way users run it: its own kubeconfig, leader election,
+// metrics and probes on loopback ports. The benchmarks and the end-to-end
+// suite use it.
 
 import (
 	"bufio"
@@ -19,12 +19,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/restow/restow/internal/controlplane"
 )
 
 // Package is the manager's import path, built by Build.
@@ -75,8 +76,8 @@ type Process struct {
 	err  error
 }
 
-// Options configure Start.
-type Options struct {
+// ProcessOptions configure StartProcess.
+type ProcessOptions struct {
 	// Name tells this manager's log lines from another's; "manager" if empty.
 	Name string
 	// Kubeconfig is the file the manager reaches the API server with.
@@ -87,9 +88,9 @@ type Options struct {
 	Args []string
 }
 
-// Start runs the manager until the test ends, waiting until its readiness
-// probe answers. If the test fails, the manager's log is printed.
-func Start(tb testing.TB, opts Options) *Process {
+// StartProcess runs the manager until the test ends, waiting until its
+// readiness probe answers. If the test fails, the manager's log is printed.
+func StartProcess(tb testing.TB, opts ProcessOptions) *Process {
 	tb.Helper()
 	bin := Build(tb)
 	if opts.Name == "" {
@@ -200,14 +201,10 @@ func (p *Process) Stop() error {
 	if p.Exited() {
 		return nil
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return p.err
-	case <-time.After(30 * time.Second):
-		p.Kill()
+	if controlplane.Terminate(p.cmd.Process, p.done, 30*time.Second) {
 		return errors.New("did not stop within 30 s of SIGTERM; killed")
 	}
+	return p.err
 }
 
 // Kill sends SIGKILL, as a node failure or the OOM killer would, and waits

@@ -1,7 +1,8 @@
-// Package testoperator runs restow's controllers in-process, wired by
-// controllers.Setup exactly as cmd/manager wires them: for tests, with
-// intervals short enough for them, and for the demo.
-package testoperator
+// Package operator runs restow's operator for the demo, the tests and the
+// benchmarks, two ways: in-process (Run, Start), wired by controllers.Setup
+// exactly as cmd/manager wires them, and as the manager binary in a process
+// of its own (StartProcess), the way users run it.
+package operator
 
 import (
 	"context"

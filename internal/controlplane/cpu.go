@@ -1,4 +1,4 @@
-package testenv
+package controlplane
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ const clockTicks = 100
 // APIServerCPU returns the CPU time (user and system, all threads) the
 // control plane's kube-apiserver process has used so far, read from /proc.
 // Benchmarks subtract two readings to get the API server's cost of a pass.
-func (e *Env) APIServerCPU() (time.Duration, error) {
+func (e *ControlPlane) APIServerCPU() (time.Duration, error) {
 	pid, err := e.apiServerPID()
 	if err != nil {
 		return 0, err
@@ -47,7 +47,7 @@ func (e *Env) APIServerCPU() (time.Duration, error) {
 
 // apiServerPID finds the kube-apiserver process serving this control plane:
 // the one whose command line has its secure port.
-func (e *Env) apiServerPID() (string, error) {
+func (e *ControlPlane) apiServerPID() (string, error) {
 	u, err := url.Parse(e.Config.Host)
 	if err != nil {
 		return "", err
