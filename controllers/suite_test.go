@@ -153,15 +153,12 @@ func waitFor(t *testing.T, name string, timeout time.Duration, what string, done
 
 // readyAt is true once the last pass brought every object to version.
 func readyAt(version string) func(*migrationv1alpha1.StorageMigration) bool {
-	return func(sm *migrationv1alpha1.StorageMigration) bool {
-		return sm.Status.ObservedGeneration == sm.Generation &&
-			meta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
-			sm.Status.LastPass != nil && sm.Status.LastPass.TargetVersion == version
-	}
+	return func(sm *migrationv1alpha1.StorageMigration) bool { return sm.ReadyAt(version) }
 }
 
 // metricValue reads a counter or gauge, or a histogram's sample count, from
-// the registry the manager serves on its metrics endpoint.
+// the registry the manager serves on its metrics endpoint, summed over the
+// samples whose labels include labels.
 func metricValue(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
 	families, err := crmetrics.Registry.Gather()
@@ -169,24 +166,8 @@ func metricValue(t *testing.T, name string, labels map[string]string) float64 {
 		t.Fatal(err)
 	}
 	for _, family := range families {
-		if family.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range family.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
-					continue metrics
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
+		if family.GetName() == name {
+			return operator.SumSamples(family, labels)
 		}
 	}
 	return 0

@@ -241,9 +241,7 @@ func (s *scenario) waitMigrated(version string, timeout time.Duration) {
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm); err != nil {
 			return false, client.IgnoreNotFound(err)
 		}
-		ready := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition)
-		return slices.Equal(crd.Status.StoredVersions, []string{version}) &&
-			ready != nil && ready.Status == metav1.ConditionTrue && ready.ObservedGeneration == sm.Generation, nil
+		return slices.Equal(crd.Status.StoredVersions, []string{version}) && sm.ReadyAt(version), nil
 	})
 	if err != nil {
 		s.t.Fatalf("not migrated to %s: storedVersions %v, conditions %+v: %v", version, crd.Status.StoredVersions, sm.Status.Conditions, err)

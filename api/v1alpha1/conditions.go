@@ -1,5 +1,10 @@
 package v1alpha1
 
+import (
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
 // Condition types, with kstatus semantics so that Flux, Argo CD and kstatus
 // read a StorageMigration without custom code.
 const (
@@ -46,3 +51,13 @@ const (
 	// listed or patched, or does not exist.
 	UnsupportedReason = "Unsupported"
 )
+
+// ReadyAt reports whether sm is Ready for its current spec (observed at its
+// generation) and its last pass brought every object to version: what
+// kubectl restow, make demo and the tests wait for.
+func (sm *StorageMigration) ReadyAt(version string) bool {
+	ready := meta.FindStatusCondition(sm.Status.Conditions, ReadyCondition)
+	return ready != nil && ready.Status == metav1.ConditionTrue &&
+		sm.Status.ObservedGeneration == sm.Generation &&
+		sm.Status.LastPass != nil && sm.Status.LastPass.TargetVersion == version
+}

@@ -48,7 +48,7 @@ func Answered(token string) Until {
 func ReadyAt(version string) Until {
 	return func(sm *migrationv1alpha1.StorageMigration) Outcome {
 		out := settled(sm)
-		if out == Succeeded && (sm.Status.LastPass == nil || sm.Status.LastPass.TargetVersion != version) {
+		if out == Succeeded && !sm.ReadyAt(version) {
 			return Waiting
 		}
 		return out

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -262,30 +263,7 @@ func (p *Process) Metric(ctx context.Context, name string, match map[string]stri
 	if err != nil {
 		return 0, err
 	}
-	family, ok := families[name]
-	if !ok {
-		return 0, nil
-	}
-	var sum float64
-samples:
-	for _, m := range family.GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		for k, v := range match {
-			if labels[k] != v {
-				continue samples
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			sum += m.Counter.GetValue()
-		case m.Gauge != nil:
-			sum += m.Gauge.GetValue()
-		}
-	}
-	return sum, nil
+	return SumSamples(families[name], match), nil
 }
 
 // freePorts finds n distinct free TCP ports on loopback.
@@ -318,4 +296,33 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// SumSamples sums the samples of a metric family whose labels include match:
+// counters and gauges by value, histograms by their sample count. A nil
+// family sums to 0. The in-process tests read the manager's registry with it,
+// the process tests its metrics endpoint.
+func SumSamples(family *dto.MetricFamily, match map[string]string) float64 {
+	var sum float64
+samples:
+	for _, m := range family.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range match {
+			if labels[k] != v {
+				continue samples
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			sum += m.Counter.GetValue()
+		case m.Gauge != nil:
+			sum += m.Gauge.GetValue()
+		case m.Histogram != nil:
+			sum += float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return sum
 }
