@@ -53,13 +53,7 @@ func TestAdmissionDenialStallsWithoutPruning(t *testing.T) {
 	if msg := sm.Status.FailedObjects[0].Message; !strings.Contains(msg, testenv.FrozenMessage) {
 		t.Errorf("failedObjects[0].message = %q, want the policy's message", msg)
 	}
-	counts, err := env.StoredVersions(ctx, f.group, f.plural)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if counts[f.group+"/v1"] != 199 || counts[f.group+"/v1beta1"] != 1 {
-		t.Fatalf("etcd holds %v, want 199 at v1 and the denied object at v1beta1", counts)
-	}
+	f.fx().AssertStored(t, map[string]int{"v1": 199, "v1beta1": 1})
 	if stored, err := env.ReadStored(ctx, f.group, f.plural, "vap", denied); err != nil || stored.APIVersion != f.group+"/v1beta1" {
 		t.Fatalf("denied object stored as %q (%v), want v1beta1", stored.APIVersion, err)
 	}

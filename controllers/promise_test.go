@@ -161,13 +161,7 @@ func TestUnconfirmedNotFoundOrConflictFails(t *testing.T) {
 	if want := map[string]string{"obj-00003": "NotFound", "obj-00005": "Conflict"}; !equality.Semantic.DeepEqual(got, want) {
 		t.Errorf("failedObjects = %+v, want %v", sm.Status.FailedObjects, want)
 	}
-	counts, err := env.StoredVersions(ctx, f.group, f.plural)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if counts[f.group+"/v1"] != total-2 || counts[f.group+"/v1beta1"] != 2 {
-		t.Errorf("etcd holds %v, want %d at v1 and the two refused objects at v1beta1", counts, total-2)
-	}
+	f.fx().AssertStored(t, map[string]int{"v1": total - 2, "v1beta1": 2})
 	f.assertStoredVersions(t, "v1beta1", "v1")
 }
 
@@ -175,7 +169,6 @@ func TestUnconfirmedNotFoundOrConflictFails(t *testing.T) {
 // version that has none would answer 404 for every object. It stalls at
 // once, naming what to change, and rewrites and prunes nothing.
 func TestViaStatusWithoutStatusSubresource(t *testing.T) {
-	ctx := t.Context()
 	f := fixture{group: "nostatus.controllers.restow.dev", kind: "Gear", plural: "gears", namespaced: true,
 		mutate: func(crd *apiextensionsv1.CustomResourceDefinition) {
 			for i := range crd.Spec.Versions {
@@ -192,13 +185,7 @@ func TestViaStatusWithoutStatusSubresource(t *testing.T) {
 	if msg := readyMessage(sm); !strings.Contains(msg, "subresources.status") {
 		t.Errorf("Ready message = %q, want it to say what to change", msg)
 	}
-	counts, err := env.StoredVersions(ctx, f.group, f.plural)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if counts[f.group+"/v1beta1"] != 50 {
-		t.Errorf("etcd holds %v, want all 50 still at v1beta1", counts)
-	}
+	f.assertStored(t, "v1beta1", 50)
 	f.assertStoredVersions(t, "v1beta1", "v1")
 }
 
@@ -246,12 +233,8 @@ func TestResumeAcrossCRDChange(t *testing.T) {
 	write("v2", 0, 200) // in the pages the first manager had done
 	f.switchStorage(t, "v1")
 	write("v1", 200, 220)
-	counts, err := env.StoredVersions(ctx, f.group, f.plural)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if counts[f.group+"/v2"] != 200 {
-		t.Fatalf("etcd holds %v before the restart, want 200 objects at v2", counts)
+	if counts, err := f.fx().StoredCounts(ctx); err != nil || counts["v2"] != 200 {
+		t.Fatalf("etcd holds %v (%v) before the restart, want 200 objects at v2", counts, err)
 	}
 
 	observer := env.ObservePrunes(t, f.group, f.plural, 100*time.Millisecond)
@@ -272,7 +255,6 @@ func TestResumeAcrossCRDChange(t *testing.T) {
 // other object is rewritten, both are named, nothing is pruned; once the
 // webhook converts them, the migration heals and prunes.
 func TestOneUnconvertibleObjectDoesNotBlockTheRest(t *testing.T) {
-	ctx := t.Context()
 	hook := testenv.StartConversionWebhook(t, func(*unstructured.Unstructured, string) error { return nil })
 	f := fixture{group: "refused.controllers.restow.dev", kind: "Knob", plural: "knobs", namespaced: true, conversion: hook.Conversion()}
 	f.install(t, "v1beta1", "v1")
@@ -293,13 +275,7 @@ func TestOneUnconvertibleObjectDoesNotBlockTheRest(t *testing.T) {
 	if !slices.Equal(names, refused) {
 		t.Errorf("failedObjects = %+v, want %v", sm.Status.FailedObjects, refused)
 	}
-	counts, err := env.StoredVersions(ctx, f.group, f.plural)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if counts[f.group+"/v1"] != total-2 || counts[f.group+"/v1beta1"] != 2 {
-		t.Errorf("etcd holds %v, want %d at v1 and the two refused objects at v1beta1", counts, total-2)
-	}
+	f.fx().AssertStored(t, map[string]int{"v1": total - 2, "v1beta1": 2})
 	f.assertStoredVersions(t, "v1beta1", "v1")
 
 	hook.Refuse(false, refused...)

@@ -18,11 +18,8 @@ import (
 	"github.com/go-logr/logr/funcr"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/testenv"
@@ -48,23 +45,11 @@ func newMigrator(t *testing.T) (m *migrator.Migrator, patches *atomic.Int64) {
 			return rt.RoundTrip(req)
 		})
 	}
-	meta, err := metadata.NewForConfig(cfg)
+	m, err := migrator.NewForConfig(cfg, env.Client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper, err := apiutil.NewDynamicRESTMapper(cfg, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &migrator.Migrator{Client: env.Client, Reader: env.Client, Metadata: meta, Discovery: disco, Mapper: mapper}, patches
+	return m, patches
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

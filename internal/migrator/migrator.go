@@ -24,7 +24,9 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/discovery"
 	clientdiscovery "k8s.io/client-go/discovery"
 	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/restow/restow/internal/storedversions"
 )
@@ -42,6 +44,29 @@ type Migrator struct {
 	Discovery clientdiscovery.DiscoveryInterface
 	// Mapper resolves resources that are not served from a CRD.
 	Mapper meta.RESTMapper
+}
+
+// NewForConfig builds a migrator on cfg whose reads are all uncached: c
+// reads and writes CRDs, and metadata, discovery and a dynamic RESTMapper are
+// made from cfg.
+func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
+	meta, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	disco, err := clientdiscovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	mapper, err := apiutil.NewDynamicRESTMapper(cfg, hc)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper}, nil
 }
 
 // Target is a resource resolved for a migration.

@@ -22,12 +22,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
@@ -142,19 +140,9 @@ func newClients(b *testing.B) *clients {
 	if c.dynamic, err = dynamic.NewForConfig(cfg); err != nil {
 		b.Fatal(err)
 	}
-	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
+	if c.migrator, err = migrator.NewForConfig(cfg, env.Client); err != nil {
 		b.Fatal(err)
 	}
-	hc, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	mapper, err := apiutil.NewDynamicRESTMapper(cfg, hc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	c.migrator = &migrator.Migrator{Client: env.Client, Reader: env.Client, Metadata: c.metadata, Discovery: disco, Mapper: mapper}
 	return c
 }
 
