@@ -140,7 +140,8 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 		}
 		manager := operator.StartProcess(t, operator.ProcessOptions{
 			Kubeconfig: kubeconfig,
-			Args:       []string{"--leader-election-namespace=" + sa.Namespace},
+			// No write is held on the old storage here: a short window.
+			Args: []string{"--leader-election-namespace=" + sa.Namespace, "--settle-window=1s"},
 		})
 		if err := manager.WaitLeader(ctx, time.Minute); err != nil {
 			t.Fatal(err)
