@@ -66,6 +66,9 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 		window.Go(func() { mg.closeWindowAt(ctx) })
 	}
 	if mg.progress().Phase == PhaseRewriting {
+		if err := sleepUntil(ctx, mg.cp.StartTime.Add(informerLag)); err != nil {
+			return mg.result(), err
+		}
 		if err := mg.pass(ctx, false); err != nil {
 			return mg.result(), err
 		}

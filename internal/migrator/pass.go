@@ -31,11 +31,11 @@ const (
 	DefaultSettleWindow = 2 * time.Minute
 	// maxFailedObjects bounds the failures a pass keeps, as the API does.
 	maxFailedObjects = 10
-	// informerLag is how long after the readiness gate passed the first
-	// rewrite waits: in an HA control plane another API server may still
-	// serve the old storage for as long as its CRD informer lags behind the
-	// one that answered the gate, and a rewrite it answered would prove
-	// nothing. The list starts at once.
+	// informerLag is how long after the readiness gate passed a migration
+	// waits before its first pass: in an HA control plane another API server
+	// may still serve the old storage for as long as its CRD informer lags
+	// behind the one that answered the gate, and a rewrite it answered would
+	// prove nothing.
 	informerLag = time.Second
 	// maxChangedRetries bounds how often one object is re-read and patched
 	// again because others keep changing it while its managedFields need
@@ -341,9 +341,6 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 				pageDone.Done()
 			}
 		})
-	}
-	if err := sleepUntil(ctx, mg.cp.StartTime.Add(informerLag)); err != nil {
-		return err
 	}
 	for pg := range pages {
 		if !recheck {
