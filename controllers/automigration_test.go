@@ -68,24 +68,31 @@ func (f fixture) assertOnlyMigration(t *testing.T, name string) {
 // microsecond.
 func firstPassStart(t *testing.T, name string) time.Time {
 	t.Helper()
-	var first time.Time
+	return waitEvent(t, name, "PassStarted").EventTime.Time
+}
+
+// waitEvent waits for an event of the StorageMigration name with reason and
+// returns the earliest.
+func waitEvent(t *testing.T, name, reason string) eventsv1.Event {
+	t.Helper()
+	var first *eventsv1.Event
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		var list eventsv1.EventList
 		if err := env.Client.List(ctx, &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
 			return false, err
 		}
 		for _, e := range list.Items {
-			if e.Regarding.Kind == "StorageMigration" && e.Regarding.Name == name && e.Reason == "PassStarted" &&
-				(first.IsZero() || e.EventTime.Before(&metav1.MicroTime{Time: first})) {
-				first = e.EventTime.Time
+			if e.Regarding.Kind == "StorageMigration" && e.Regarding.Name == name && e.Reason == reason &&
+				(first == nil || e.EventTime.Before(&first.EventTime)) {
+				first = &e
 			}
 		}
-		return !first.IsZero(), nil
+		return first != nil, nil
 	})
 	if err != nil {
-		t.Fatalf("no PassStarted event for %s: %v", name, err)
+		t.Fatalf("no %s event for %s: %v", reason, name, err)
 	}
-	return first
+	return *first
 }
 
 // reconciles sums controller-runtime's count of a controller's reconciles,

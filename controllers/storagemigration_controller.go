@@ -17,6 +17,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
@@ -249,6 +251,10 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		sm.Status.ObservedGeneration = sm.Generation
 		// A re-run requested now has its answer: it stalled.
 		sm.Status.LastHandledReRunToken = sm.Annotations[migrationv1alpha1.ReRunAnnotation]
+		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != stalledErr.Message {
+			// Once per cause, not once per retry.
+			r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", "%s", stalledErr.Message)
+		}
 		return stalled(migrationv1alpha1.UnsupportedReason, stalledErr.Message), r.passes.stalled.When(sm.Name)
 	case err != nil:
 		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(err)), transientRetryDelay

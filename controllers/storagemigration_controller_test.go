@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,6 +89,10 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	assertHealth(t, sm, kstatus.FailedStatus)
 	if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c == nil || c.Status != "False" {
 		t.Errorf("Ready = %+v, want False", c)
+	}
+	// A stall before any pass is told as an event too, once per cause.
+	if e := waitEvent(t, sm.Name, migrationv1alpha1.UnsupportedReason); e.Type != "Warning" || !strings.Contains(e.Note, f.crdName()) {
+		t.Errorf("event %s %q, want a Warning naming %s", e.Type, e.Note, f.crdName())
 	}
 
 	f.install(t, "v1beta1", "v1")
