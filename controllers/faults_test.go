@@ -241,13 +241,7 @@ func TestStorageVersionChangesMidPass(t *testing.T) {
 	f.switchStorage(t, "v1")
 
 	startManager(t, nil)
-	sm := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) {
-		sm.Spec.Concurrency = ptr.To[int32](1)
-		sm.Spec.PageSize = ptr.To[int32](50)
-	})
-	waitFor(t, sm.Name, time.Minute, "part-way", func(sm *migrationv1alpha1.StorageMigration) bool {
-		return sm.Status.Progress != nil && sm.Status.Progress.Migrated >= 100
-	})
+	sm := f.slowPassUnderWay(t, nil)
 	f.switchStorage(t, "v2")
 	// storedVersions must never be pruned to [v1] now that v2 is the storage version.
 	prunedToStale := make(chan []string, 1)

@@ -333,14 +333,7 @@ func TestStorageSwitchMidPassWithoutPruning(t *testing.T) {
 	f.switchStorage(t, "v1")
 
 	startManager(t, nil)
-	sm := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) {
-		sm.Spec.PruneStoredVersions = ptr.To(false)
-		sm.Spec.Concurrency = ptr.To[int32](1)
-		sm.Spec.PageSize = ptr.To[int32](50)
-	})
-	waitFor(t, sm.Name, time.Minute, "part-way", func(sm *migrationv1alpha1.StorageMigration) bool {
-		return sm.Status.Progress != nil && sm.Status.Progress.Migrated >= 100
-	})
+	sm := f.slowPassUnderWay(t, func(sm *migrationv1alpha1.StorageMigration) { sm.Spec.PruneStoredVersions = ptr.To(false) })
 	f.switchStorage(t, "v2")
 	waitFor(t, sm.Name, 2*time.Minute, "Ready at v2", readyAt("v2"))
 	f.assertStored(t, "v2", total)
@@ -361,13 +354,7 @@ func TestSpecChangeMidPassIsActedOn(t *testing.T) {
 	f.switchStorage(t, "v1")
 
 	startManager(t, nil)
-	sm := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) {
-		sm.Spec.Concurrency = ptr.To[int32](1)
-		sm.Spec.PageSize = ptr.To[int32](50)
-	})
-	waitFor(t, sm.Name, time.Minute, "part-way", func(sm *migrationv1alpha1.StorageMigration) bool {
-		return sm.Status.Progress != nil && sm.Status.Progress.Migrated >= 100
-	})
+	sm := f.slowPassUnderWay(t, nil)
 	if err := env.Client.Patch(ctx, sm, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"concurrency":8}}`))); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -131,6 +132,23 @@ func (f fixture) createMigration(t *testing.T, mutate func(*migrationv1alpha1.St
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
 	return sm
+}
+
+// slowPassUnderWay creates the fixture's StorageMigration with one worker
+// and pages of 50 (mutate may change more) and waits until its pass has
+// rewritten 100 objects, so a test can change something mid-pass.
+func (f fixture) slowPassUnderWay(t *testing.T, mutate func(*migrationv1alpha1.StorageMigration)) *migrationv1alpha1.StorageMigration {
+	t.Helper()
+	sm := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) {
+		sm.Spec.Concurrency = ptr.To[int32](1)
+		sm.Spec.PageSize = ptr.To[int32](50)
+		if mutate != nil {
+			mutate(sm)
+		}
+	})
+	return waitFor(t, sm.Name, time.Minute, "part-way", func(sm *migrationv1alpha1.StorageMigration) bool {
+		return sm.Status.Progress != nil && sm.Status.Progress.Migrated >= 100
+	})
 }
 
 // waitFor polls the StorageMigration until it exists and done says so, and
