@@ -200,16 +200,25 @@ func (mg *migration) noteListSnapshot(resourceVersion string) {
 
 // noteOwnWrite records the resourceVersion a rewrite answered with: at that
 // version the object is stored at the target. Only versions after the list
-// snapshot and before the end of the settle window are of use.
+// snapshot and at or before the end of the settle window are of use, so the
+// record stops growing once the window has ended; a rewrite whose answer
+// comes just after windowEnd was read is still recorded if it committed
+// before.
 func (mg *migration) noteOwnWrite(resourceVersion string) {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	if mg.cp.WindowEnd != "" || mg.cp.ListResourceVersion == "" {
+	if mg.cp.ListResourceVersion == "" {
 		return
 	}
-	if after, err := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.ListResourceVersion); err == nil && after > 0 {
-		mg.proven[resourceVersion] = struct{}{}
+	if after, err := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.ListResourceVersion); err != nil || after <= 0 {
+		return
 	}
+	if mg.cp.WindowEnd != "" {
+		if after, err := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.WindowEnd); err != nil || after > 0 {
+			return
+		}
+	}
+	mg.proven[resourceVersion] = struct{}{}
 }
 
 // mustRecheck reports whether an object listed after the settle window

@@ -21,6 +21,7 @@ func TestMustRecheck(t *testing.T) {
 	mg.noteOwnWrite("900")  // before the snapshot: nothing to record
 	mg.cp.WindowEnd = "2000"
 	mg.noteOwnWrite("2500") // after the window: not recorded, not needed
+	mg.noteOwnWrite("1500") // within it, answered after its end was read
 	tests := []struct {
 		rv   string
 		want bool
@@ -29,6 +30,7 @@ func TestMustRecheck(t *testing.T) {
 		{"1000", false}, // the snapshot itself
 		{"1005", false}, // last written by the pass
 		{"1006", true},  // written by someone else within the window
+		{"1500", false}, // the pass's own write, answered late
 		{"2000", true},  // the window's end is within it
 		{"2001", false}, // written after the window, on the new storage
 		{"2500", false},
@@ -40,8 +42,8 @@ func TestMustRecheck(t *testing.T) {
 			t.Errorf("mustRecheck(%q) = %v, want %v", tt.rv, got, tt.want)
 		}
 	}
-	if len(mg.proven) != 1 {
-		t.Errorf("proven = %v, want only 1005", mg.proven)
+	if len(mg.proven) != 2 {
+		t.Errorf("proven = %v, want only 1005 and 1500", mg.proven)
 	}
 
 	// Without the window's end or the snapshot, everything is re-checked.
