@@ -88,7 +88,7 @@ type StorageMigrationReconciler struct {
 // config/rbac to the groups you migrate if you prefer.
 // +kubebuilder:rbac:groups=*,resources=*,verbs=list;patch
 
-// SetupWithManager registers the reconciler and its background runner.
+// SetupWithManager registers the reconciler and the passes it keeps in the background.
 func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	switch {
 	case r.Client == nil, r.APIReader == nil, r.Migrator == nil, r.Recorder == nil:
