@@ -27,6 +27,14 @@ type outcome struct {
 	phase   phase
 	reason  string
 	message string
+	// announced says an event was recorded for this outcome already.
+	announced bool
+}
+
+// withEvent marks o as recorded by an event of its own.
+func (o outcome) withEvent() outcome {
+	o.announced = true
+	return o
 }
 
 func ready(message string) outcome {
@@ -84,9 +92,25 @@ func setConditions(status *migrationv1alpha1.StorageMigrationStatus, o outcome, 
 
 // progressMessage says how far a pass has come, for the Reconciling condition.
 func progressMessage(target string, p *migrationv1alpha1.PassProgress) string {
-	done := p.Migrated + p.Skipped + p.Failed
+	done := p.Done()
 	if p.RemainingEstimate != nil {
 		return fmt.Sprintf("Rewriting objects to %s: %d done, about %d more to list", target, done, *p.RemainingEstimate)
 	}
 	return fmt.Sprintf("Rewriting objects to %s: %d done", target, done)
+}
+
+// progressSummary is status.progressSummary: objects done of objects to
+// visit, for the pass under way or else the last pass.
+func progressSummary(status *migrationv1alpha1.StorageMigrationStatus) string {
+	switch p := status.Progress; {
+	case p != nil && p.RemainingEstimate != nil:
+		return fmt.Sprintf("%d/~%d", p.Done(), p.Listed+*p.RemainingEstimate)
+	case p != nil && p.ContinueToken != "":
+		return fmt.Sprintf("%d/%d+", p.Done(), p.Listed)
+	case p != nil:
+		return fmt.Sprintf("%d/%d", p.Done(), p.Listed)
+	case status.LastPass != nil:
+		return fmt.Sprintf("%d/%d", status.LastPass.Done(), status.LastPass.Listed)
+	}
+	return ""
 }

@@ -155,8 +155,28 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	}()
 
 	out, requeueAfter := r.reconcile(ctx, sm)
+	r.announceTransition(sm, original, out)
 	setConditions(&sm.Status, out, sm.Generation)
+	sm.Status.ProgressSummary = progressSummary(&sm.Status)
 	return ctrl.Result{RequeueAfter: requeueAfter}, nil
+}
+
+// announceTransition records an event when the Ready condition's reason
+// changes (the migration starts waiting, a pass pauses or settles, it
+// recovers), unless the step that decided the outcome recorded one itself.
+// Warnings are for Stalled and for transient errors.
+func (r *StorageMigrationReconciler) announceTransition(sm, original *migrationv1alpha1.StorageMigration, out outcome) {
+	if out.announced {
+		return
+	}
+	if prev := meta.FindStatusCondition(original.Status.Conditions, migrationv1alpha1.ReadyCondition); prev != nil && prev.Reason == out.reason {
+		return
+	}
+	eventType := corev1.EventTypeNormal
+	if out.phase == phaseStalled || out.reason == migrationv1alpha1.TransientErrorReason {
+		eventType = corev1.EventTypeWarning
+	}
+	r.Recorder.Eventf(sm, nil, eventType, out.reason, "Migrate", "%s", out.message)
 }
 
 // reconcile follows the pass of sm, or starts one if the resource needs it.
@@ -179,6 +199,9 @@ func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migratio
 	r.passes.forget(sm.Name)
 	v := judge(p.target, state, time.Now())
 	requeueAfter := r.record(ctx, sm, p, state, v)
+	if v.eventReason != "" {
+		v.outcome = v.outcome.withEvent()
+	}
 	switch {
 	case p.generation != sm.Generation && v.phase != phaseStalled:
 		// The spec changed after the pass had ended: act on it now, so
@@ -255,7 +278,7 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 			// Once per cause, not once per retry.
 			r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", "%s", stalledErr.Message)
 		}
-		return stalled(migrationv1alpha1.UnsupportedReason, stalledErr.Message), r.passes.stalled.When(sm.Name)
+		return stalled(migrationv1alpha1.UnsupportedReason, stalledErr.Message).withEvent(), r.passes.stalled.When(sm.Name)
 	case err != nil:
 		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(err)), transientRetryDelay
 	}
@@ -336,7 +359,7 @@ func (r *StorageMigrationReconciler) startPass(ctx context.Context, sm *migratio
 	}
 	log.Info("Starting pass", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed)
 	r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "PassStarted", "Migrate", "Rewriting %s to %s: %s", target.Resource.GroupResource(), target.TargetVersion(), why)
-	return reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why))
+	return reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why)).withEvent()
 }
 
 func pruneEnabled(sm *migrationv1alpha1.StorageMigration) bool {

@@ -107,11 +107,11 @@ func passUnderWay(target string, p migrator.Progress, status *migrationv1alpha1.
 // The engine's words and the API's: counts, failures, progress, checkpoints.
 
 func statusCounts(c migrator.Counts) migrationv1alpha1.ObjectCounts {
-	return migrationv1alpha1.ObjectCounts{Listed: c.Listed, Migrated: c.Migrated, Skipped: c.Skipped, Failed: c.Failed, Rechecked: c.Rechecked}
+	return migrationv1alpha1.ObjectCounts{Listed: c.Listed, Migrated: c.Migrated, AlreadyStored: c.AlreadyStored, Skipped: c.Skipped, Failed: c.Failed, Rechecked: c.Rechecked}
 }
 
 func engineCounts(c migrationv1alpha1.ObjectCounts) migrator.Counts {
-	return migrator.Counts{Listed: c.Listed, Migrated: c.Migrated, Skipped: c.Skipped, Failed: c.Failed, Rechecked: c.Rechecked}
+	return migrator.Counts{Listed: c.Listed, Migrated: c.Migrated, AlreadyStored: c.AlreadyStored, Skipped: c.Skipped, Failed: c.Failed, Rechecked: c.Rechecked}
 }
 
 func statusFailures(failures []migrator.Failure) []migrationv1alpha1.FailedObject {

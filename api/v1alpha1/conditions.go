@@ -61,3 +61,8 @@ func (sm *StorageMigration) ReadyAt(version string) bool {
 		sm.Status.ObservedGeneration == sm.Generation &&
 		sm.Status.LastPass != nil && sm.Status.LastPass.TargetVersion == version
 }
+
+// Done is how many objects the pass is done with, whatever the outcome.
+func (c ObjectCounts) Done() int64 {
+	return c.Migrated + c.AlreadyStored + c.Skipped + c.Failed
+}

@@ -105,6 +105,14 @@ type StorageMigrationStatus struct {
 	// +optional
 	Progress *PassProgress `json:"progress,omitempty"`
 
+	// progressSummary is how far the pass under way, or else the last pass,
+	// got: objects done of objects to visit, such as "1500/~3000" (the
+	// total is the API server's estimate while the list is not over) or
+	// "3000/3000". Shown by kubectl get -o wide.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	ProgressSummary string `json:"progressSummary,omitempty"`
+
 	// lastPass summarises the last pass that finished.
 	// +optional
 	LastPass *PassSummary `json:"lastPass,omitempty"`
@@ -130,9 +138,15 @@ type ObjectCounts struct {
 	// listed is the number of objects listed so far.
 	// +optional
 	Listed int64 `json:"listed"`
-	// migrated is the number of objects rewritten.
+	// migrated is the number of objects re-encoded at the target version:
+	// the API server stored them anew.
 	// +optional
 	Migrated int64 `json:"migrated"`
+	// alreadyStored is the number of objects that were stored at the target
+	// version already: the API server accepted their rewrite and wrote
+	// nothing (their resourceVersion did not change).
+	// +optional
+	AlreadyStored int64 `json:"alreadyStored,omitempty"`
 	// skipped is the number of objects changed or deleted by someone else after
 	// they were listed; any such write already stored them at the new version.
 	// +optional
@@ -272,14 +286,14 @@ type FailedObject struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=smig,categories=restow
-// +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource.resource`
-// +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.spec.resource.group`,priority=1
-// +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetVersion`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
-// +kubebuilder:printcolumn:name="Migrated",type=integer,JSONPath=`.status.progress.migrated`
-// +kubebuilder:printcolumn:name="Remaining",type=integer,JSONPath=`.status.progress.remainingEstimate`
-// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Status",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].message`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource.resource`,priority=1
+// +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.spec.resource.group`,priority=1
+// +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetVersion`,priority=1
+// +kubebuilder:printcolumn:name="Progress",type=string,JSONPath=`.status.progressSummary`,priority=1
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 
 // StorageMigration keeps one resource fully stored at its current storage
 // version: it rewrites every object of the resource and, for a CRD, prunes

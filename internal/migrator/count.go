@@ -12,7 +12,7 @@ import (
 // one object and reads the list's remainingItemCount; where the API server
 // gives none, it lists every object's metadata, page by page, and counts.
 func (m *Migrator) Count(ctx context.Context, target Target) (int64, error) {
-	resource := m.Metadata.Resource(target.Resource)
+	resource := target.scope(m.Metadata.Resource(target.Resource))
 	first, err := resource.List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {
 		return 0, err
@@ -29,7 +29,7 @@ func (m *Migrator) Count(ctx context.Context, target Target) (int64, error) {
 // CountAll lists every object's metadata in pages of pageSize and counts
 // them, as a dry run of a pass does.
 func (m *Migrator) CountAll(ctx context.Context, target Target, pageSize int64) (int64, error) {
-	resource := m.Metadata.Resource(target.Resource)
+	resource := target.scope(m.Metadata.Resource(target.Resource))
 	p := pager.New(pager.SimplePageFunc(func(opts metav1.ListOptions) (runtime.Object, error) {
 		return resource.List(ctx, opts)
 	}))

@@ -24,10 +24,13 @@ const (
 	permanent
 	// unsupported: the resource cannot be rewritten at all.
 	unsupported
+	// alreadyStored: the API server accepted the rewrite and wrote nothing,
+	// since the object was already stored at the target version.
+	alreadyStored
 )
 
 func (o outcome) String() string {
-	return [...]string{"migrated", "skipped", "transient", "permanent", "unsupported"}[o]
+	return [...]string{"migrated", "skipped", "transient", "permanent", "unsupported", "alreadyStored"}[o]
 }
 
 // classify maps the error of one rewrite (or list) to an outcome.

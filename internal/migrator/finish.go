@@ -82,9 +82,10 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 		return mg.result(), nil
 	}
 	crd, err := mg.liveCRD(ctx)
-	if err != nil || !opts.Prune || slices.Equal(crd.Status.StoredVersions, []string{target.CRD.StorageVersion}) {
+	if err != nil || !opts.Prune || target.Partial() || slices.Equal(crd.Status.StoredVersions, []string{target.CRD.StorageVersion}) {
 		// Nothing to prune: with pruning off restow does not touch
-		// storedVersions, and [target] holds no other version.
+		// storedVersions, a pass over one namespace proves nothing about
+		// the others, and [target] holds no other version.
 		return mg.result(), err
 	}
 	if err := mg.settle(ctx); err != nil {

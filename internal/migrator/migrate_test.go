@@ -107,6 +107,51 @@ func TestMigrate(t *testing.T) {
 	fx.AssertStoredVersions(t, "v1")
 }
 
+// TestMigrateOneNamespaceThenAll: a migration limited to one namespace
+// rewrites only that namespace and never prunes, since the other namespaces
+// are not proven; a whole migration then re-encodes the rest and counts the
+// objects already stored at the target apart, without writing them (etcd
+// keeps their resourceVersion, so a third pass writes nothing at all).
+func TestMigrateOneNamespaceThenAll(t *testing.T) {
+	fx := switched(t, "namespace.migrator.restow.dev", 200)
+	m, patches := newMigrator(t)
+	opts := migrator.Options{Prune: true, SettleWindow: time.Second}
+
+	target := resolve(t, m, fx)
+	target.Namespace = "m-0"
+	result, err := m.Migrate(t.Context(), target, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Listed != 100 || result.Migrated != 100 || result.AlreadyStored != 0 || len(result.Pruned) != 0 {
+		t.Errorf("one namespace: result = %+v, want 100 listed and re-encoded, nothing pruned", result)
+	}
+	fx.AssertStored(t, map[string]int{"v1": 100, "v1beta1": 100})
+	fx.AssertStoredVersions(t, "v1beta1", "v1")
+
+	result, err = m.Migrate(t.Context(), resolve(t, m, fx), opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Listed != 200 || result.Migrated != 100 || result.AlreadyStored != 100 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
+		t.Errorf("all namespaces: result = %+v, want 200 listed, 100 re-encoded, 100 already stored, v1beta1 pruned", result)
+	}
+	fx.AssertAllStoredAt(t, "v1", 200)
+	fx.AssertStoredVersions(t, "v1")
+
+	before := patches.Load()
+	result, err = m.Migrate(t.Context(), resolve(t, m, fx), opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Listed != 200 || result.Migrated != 0 || result.AlreadyStored != 200 {
+		t.Errorf("again: result = %+v, want all 200 already stored", result)
+	}
+	if sent := patches.Load() - before; sent != 200 {
+		t.Errorf("again: %d patches, want 200", sent)
+	}
+}
+
 // TestMigrateResumes: a migration cancelled part-way resumes from the
 // checkpoint of its last progress: it patches only what was left, and its
 // counts match a migration that was never interrupted.

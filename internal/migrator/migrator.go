@@ -75,6 +75,10 @@ type Target struct {
 	Resource   schema.GroupVersionResource
 	Kind       string
 	Namespaced bool
+	// Namespace, when set on a namespaced resource, limits the migration to
+	// that namespace. Objects elsewhere are not proven, so such a migration
+	// never prunes status.storedVersions.
+	Namespace string
 	// StorageVersion is, for a resource not served from a CRD, the version
 	// discovery's storageVersionHash says the API server stores at; "" when
 	// discovery does not say.
@@ -106,6 +110,18 @@ func (t Target) TargetVersion() string {
 		return t.StorageVersion
 	}
 	return t.Resource.Version
+}
+
+// Partial reports whether the migration covers only some of the
+// resource's objects (one namespace): it must not prune then.
+func (t Target) Partial() bool { return t.Namespaced && t.Namespace != "" }
+
+// scope narrows resource to the target's namespace, if it has one.
+func (t Target) scope(resource metadata.Getter) metadata.ResourceInterface {
+	if t.Partial() {
+		return resource.Namespace(t.Namespace)
+	}
+	return resource
 }
 
 // Resolve finds the resource, reads its CRD live, and checks that the API

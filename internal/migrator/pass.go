@@ -53,8 +53,13 @@ var DefaultRetryBackoff = wait.Backoff{Duration: 250 * time.Millisecond, Factor:
 type Counts struct {
 	// Listed objects, in the first pass.
 	Listed int64
-	// Migrated objects: the API server accepted the rewrite.
+	// Migrated objects were re-encoded at the target version: the API
+	// server accepted the rewrite and stored the object anew.
 	Migrated int64
+	// AlreadyStored objects were stored at the target version already: the
+	// API server accepted the rewrite and wrote nothing (the resourceVersion
+	// it answered with is the one listed).
+	AlreadyStored int64
 	// Skipped objects: deleted, or changed by someone else, since listed.
 	Skipped int64
 	// Failed objects could not be rewritten.
@@ -65,7 +70,7 @@ type Counts struct {
 }
 
 // Done is how many objects the first pass is done with.
-func (c Counts) Done() int64 { return c.Migrated + c.Skipped + c.Failed }
+func (c Counts) Done() int64 { return c.Migrated + c.AlreadyStored + c.Skipped + c.Failed }
 
 // Failure is an object the pass could not rewrite.
 type Failure struct {
@@ -301,7 +306,7 @@ type page struct {
 // tally counts the outcomes of one page, committed once every object of the
 // page is done, so counts always match the continue token.
 type tally struct {
-	migrated, skipped, failed atomic.Int64
+	migrated, alreadyStored, skipped, failed atomic.Int64
 	mu                        sync.Mutex
 	failures                  []Failure
 }
@@ -392,10 +397,11 @@ func (mg *migration) commit(pg page, t *tally, recheck bool) {
 	defer mg.mu.Unlock()
 	c := &mg.cp.Counts
 	if recheck {
-		c.Rechecked += t.migrated.Load()
+		c.Rechecked += t.migrated.Load() + t.alreadyStored.Load()
 	} else {
 		c.Listed += int64(len(pg.items))
 		c.Migrated += t.migrated.Load()
+		c.AlreadyStored += t.alreadyStored.Load()
 		c.Skipped += t.skipped.Load()
 		mg.cp.Continue, mg.remaining = pg.next, pg.remaining
 	}
@@ -471,13 +477,13 @@ func (mg *migration) list(ctx context.Context, token string, pages chan<- page) 
 // through the version it is still stored at. A continue token is the same
 // whichever version lists through it.
 func (mg *migration) listPage(ctx context.Context, token string, limit int64) (*metav1.PartialObjectMetadataList, error) {
-	list, err := mg.listThrough(ctx, mg.resource, token, limit)
+	list, err := mg.listThrough(ctx, mg.target.scope(mg.resource), token, limit)
 	if err == nil || classify(err) != transient {
 		return list, err
 	}
 	for _, v := range mg.target.fallbackVersions() {
 		gvr := schema.GroupVersionResource{Group: mg.target.Resource.Group, Version: v, Resource: mg.target.Resource.Resource}
-		if fallback, ferr := mg.listThrough(ctx, mg.m.Metadata.Resource(gvr), token, limit); ferr == nil {
+		if fallback, ferr := mg.listThrough(ctx, mg.target.scope(mg.m.Metadata.Resource(gvr)), token, limit); ferr == nil {
 			klog.FromContext(ctx).V(1).Info("Listed a page through an older version, since the list through the storage version failed", "version", v, "error", Message(err))
 			return fallback, nil
 		}
@@ -490,7 +496,7 @@ func (mg *migration) listPage(ctx context.Context, token string, limit int64) (*
 // carries a token that continues inconsistently. Objects changed since are
 // already stored at the new version (and re-checked before any prune), and
 // rewrites are idempotent, so nothing is missed. Without one, it starts over.
-func (mg *migration) listThrough(ctx context.Context, resource metadata.Getter, token string, limit int64) (*metav1.PartialObjectMetadataList, error) {
+func (mg *migration) listThrough(ctx context.Context, resource metadata.ResourceInterface, token string, limit int64) (*metav1.PartialObjectMetadataList, error) {
 	list, err := resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
 	for expired := 0; apierrors.IsResourceExpired(err) && token != "" && expired < 3; expired++ {
 		token = inconsistentContinue(err)
@@ -527,6 +533,9 @@ func (mg *migration) rewrite(ctx context.Context, obj metav1.PartialObjectMetada
 	case migrated:
 		t.migrated.Add(1)
 		log.V(4).Info("Rewrote object", "object", klog.KObj(&obj))
+	case alreadyStored:
+		t.alreadyStored.Add(1)
+		log.V(4).Info("Object was already stored at the target version", "object", klog.KObj(&obj))
 	case skipped:
 		t.skipped.Add(1)
 		log.V(4).Info("Skipped object changed or deleted since listed", "object", klog.KObj(&obj), "reason", apierrors.ReasonForError(err))
@@ -568,8 +577,16 @@ func (mg *migration) failsAlone(ctx context.Context, successesBefore int64) bool
 func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjectMetadata) (outcome, error) {
 	current := obj
 	for changed := 0; ; changed++ {
-		err := mg.retryTransient(ctx, func() error { return mg.patch(ctx, current) })
-		if classify(err) != skipped {
+		wrote := false
+		err := mg.retryTransient(ctx, func() error {
+			var err error
+			wrote, err = mg.patch(ctx, current)
+			return err
+		})
+		switch {
+		case err == nil && !wrote:
+			return alreadyStored, nil
+		case classify(err) != skipped:
 			return classify(err), err
 		}
 		var fresh *metav1.PartialObjectMetadata
@@ -657,15 +674,18 @@ type rewritePatch struct {
 }
 
 // patch writes obj back unchanged, re-pointing stale managedFields, and
-// records the resourceVersion the API server answered with. The /status
-// subresource ignores metadata, so a patch that carries managedFields goes
-// to the main resource even with ViaStatus.
-func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadata) error {
+// records the resourceVersion the API server answered with. It reports
+// whether the API server wrote: it skips a write whose encoding equals what
+// etcd holds, and answers with the resourceVersion read, only when the
+// object is stored at the target version already. The /status subresource
+// ignores metadata, so a patch that carries managedFields goes to the main
+// resource even with ViaStatus.
+func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadata) (bool, error) {
 	var body rewritePatch
 	body.Metadata.ResourceVersion = obj.ResourceVersion
 	managedFields, repoint, err := mg.repointedManagedFields(obj)
 	if err != nil {
-		return apierrors.NewBadRequest(err.Error())
+		return false, apierrors.NewBadRequest(err.Error())
 	}
 	var subresources []string
 	if repoint {
@@ -675,14 +695,15 @@ func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadat
 	}
 	data, err := json.Marshal(&body)
 	if err != nil {
-		return err
+		return false, err
 	}
 	written, err := mg.client(obj.Namespace).Patch(ctx, obj.Name, types.MergePatchType, data, metav1.PatchOptions{}, subresources...)
-	if err == nil {
-		mg.successes.Add(1)
-		mg.noteOwnWrite(written.ResourceVersion)
+	if err != nil {
+		return false, err
 	}
-	return err
+	mg.successes.Add(1)
+	mg.noteOwnWrite(written.ResourceVersion)
+	return written.ResourceVersion != obj.ResourceVersion, nil
 }
 
 // retryTransient runs fn until it succeeds, fails for a cause that is not
