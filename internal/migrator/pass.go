@@ -307,8 +307,8 @@ type page struct {
 // page is done, so counts always match the continue token.
 type tally struct {
 	migrated, alreadyStored, skipped, failed atomic.Int64
-	mu                        sync.Mutex
-	failures                  []Failure
+	mu                                       sync.Mutex
+	failures                                 []Failure
 }
 
 // pass lists every object and rewrites it: every object in the first pass,
