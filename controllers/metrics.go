@@ -12,7 +12,7 @@ import (
 var (
 	objectsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "restow_objects_total",
-		Help: "Objects handled by migration passes, by outcome: migrated (rewritten), skipped (changed or deleted by others since listed), failed.",
+		Help: "Objects handled by migration passes, by outcome: migrated (re-encoded at the target version), already_stored (the rewrite wrote nothing), skipped (changed or deleted by others since listed), failed.",
 	}, []string{"resource", "outcome"})
 	remainingObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "restow_remaining_objects",
@@ -40,6 +40,7 @@ func init() {
 // countObjects adds what a pass did since the counts last reported.
 func countObjects(resource string, last, now migrator.Counts) {
 	objectsTotal.WithLabelValues(resource, "migrated").Add(float64(max(now.Migrated-last.Migrated, 0)))
+	objectsTotal.WithLabelValues(resource, "already_stored").Add(float64(max(now.AlreadyStored-last.AlreadyStored, 0)))
 	objectsTotal.WithLabelValues(resource, "skipped").Add(float64(max(now.Skipped-last.Skipped, 0)))
 	objectsTotal.WithLabelValues(resource, "failed").Add(float64(max(now.Failed-last.Failed, 0)))
 }

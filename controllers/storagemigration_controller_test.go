@@ -37,7 +37,7 @@ func TestNamespacedCRD(t *testing.T) {
 	f.assertStored(t, "v1", 2000)
 	f.assertStoredVersions(t, "v1")
 	last := sm.Status.LastPass
-	if last == nil || last.Listed != 2000 || last.Migrated+last.Skipped != 2000 || last.Failed != 0 || last.TargetVersion != "v1" {
+	if last == nil || last.Listed != 2000 || last.Migrated+last.AlreadyStored+last.Skipped != 2000 || last.Failed != 0 || last.TargetVersion != "v1" {
 		t.Fatalf("lastPass = %+v, want 2000 listed, all migrated, target v1", last)
 	}
 	if len(last.PrunedVersions) != 1 || last.PrunedVersions[0] != "v1beta1" {

@@ -32,6 +32,9 @@ const (
 	ExitPending = 2
 	// ExitTimeout: migrate --wait or run reached --timeout.
 	ExitTimeout = 3
+	// ExitNoOperator: migrate --wait saw no restow operator answer within
+	// --operator-timeout.
+	ExitNoOperator = 4
 )
 
 // exitError ends the command with code, printing err.
@@ -88,10 +91,42 @@ type factory struct {
 	flags *genericclioptions.ConfigFlags
 }
 
+// namespace is the namespace the command is limited to: "" for every
+// namespace. Only an explicit -n/--namespace limits it: a migration is about
+// a resource, so the kubeconfig context's namespace does not apply, and
+// --all-namespaces says the default out loud.
+func (f *factory) namespace(allNamespaces bool) (string, error) {
+	ns := ""
+	if f.flags.Namespace != nil {
+		ns = *f.flags.Namespace
+	}
+	if ns != "" && allNamespaces {
+		return "", errors.New("--namespace and --all-namespaces cannot be used together")
+	}
+	return ns, nil
+}
+
+func addAllNamespacesFlag(cmd *cobra.Command, all *bool) {
+	cmd.Flags().BoolVarP(all, "all-namespaces", "A", false, "Cover every namespace (the default unless -n/--namespace is given).")
+}
+
+// scheme knows the types the plugin reads and prints.
+func scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, migrationv1alpha1.AddToScheme} {
+		if err := add(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
 // clients reach one cluster: an uncached client for restow's and
-// apiextensions' types, and the migrator the operator uses.
+// apiextensions' types, one that also watches, and the migrator the operator
+// uses.
 type clients struct {
 	client   client.Client
+	watcher  client.WithWatch
 	mapper   meta.RESTMapper
 	migrator *migrator.Migrator
 }
@@ -108,17 +143,15 @@ func (f *factory) clients() (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, migrationv1alpha1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			return nil, err
-		}
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme, Mapper: mapper})
+	scheme, err := scheme()
 	if err != nil {
 		return nil, err
 	}
-	c = client.WithFieldOwner(c, fieldManager)
+	watcher, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: mapper})
+	if err != nil {
+		return nil, err
+	}
+	c := client.WithFieldOwner(watcher, fieldManager)
 	meta, err := metadata.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -129,8 +162,9 @@ func (f *factory) clients() (*clients, error) {
 		return nil, err
 	}
 	return &clients{
-		client: c,
-		mapper: mapper,
+		client:  c,
+		watcher: watcher,
+		mapper:  mapper,
 		migrator: &migrator.Migrator{
 			Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper,
 		},

@@ -2,19 +2,21 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 )
-
-// followInterval is how often Follow reads the StorageMigration. Its status
-// changes every few seconds (the operator's --status-interval).
-const followInterval = 500 * time.Millisecond
 
 // Outcome is how a followed StorageMigration ended.
 type Outcome int
@@ -55,29 +57,74 @@ func ReadyAt(version string) Until {
 	}
 }
 
+// settled reads kstatus's verdict: Current with no pass under way is done,
+// Failed (Stalled) needs a person.
 func settled(sm *migrationv1alpha1.StorageMigration) Outcome {
-	switch state, _, _ := migrationState(sm); {
-	case state == stateStalled:
+	switch state, _, _ := stateOf(sm); {
+	case state == stateFailed:
 		return Stalled
-	case state == stateReady && sm.Status.Progress == nil:
+	case state == stateCurrent && sm.Status.Progress == nil:
 		return Succeeded
 	}
 	return Waiting
 }
 
-// Follow reads the StorageMigration name until until says it is over, showing
-// its progress on out, and returns it. total estimates the objects of the
-// pass (-1 if not known) until the StorageMigration reports its own estimate.
-// A StorageMigration that does not exist yet is waited for.
-func Follow(ctx context.Context, c client.Reader, name string, total int64, until Until, out io.Writer) (*migrationv1alpha1.StorageMigration, Outcome, error) {
+// migrationWatch lists and watches the StorageMigration name, or all of
+// them when name is "".
+func migrationWatch(c client.WithWatch, name string) cache.ListerWatcher {
+	narrow := func(opts metav1.ListOptions) *client.ListOptions {
+		if name != "" {
+			opts.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}
+		return &client.ListOptions{Raw: &opts}
+	}
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			list := &migrationv1alpha1.StorageMigrationList{}
+			err := c.List(ctx, list, narrow(opts))
+			return list, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return c.Watch(ctx, &migrationv1alpha1.StorageMigrationList{}, narrow(opts))
+		},
+	}
+}
+
+// errDeleted ends following a StorageMigration that was deleted.
+var errDeleted = errors.New("it was deleted")
+
+// watchMigration hands each state of the StorageMigration name (all of them
+// when name is "") to fn, from a watch, until fn says it is done or ctx
+// ends. A StorageMigration that does not exist yet is waited for. It
+// returns ctx's error when ctx ended first.
+func watchMigration(ctx context.Context, c client.WithWatch, name string, fn func(watch.EventType, *migrationv1alpha1.StorageMigration) (bool, error)) error {
+	_, err := watchtools.UntilWithSync(ctx, migrationWatch(c, name), &migrationv1alpha1.StorageMigration{}, nil, func(ev watch.Event) (bool, error) {
+		sm, ok := ev.Object.(*migrationv1alpha1.StorageMigration)
+		if !ok {
+			return false, fmt.Errorf("watching StorageMigrations: unexpected %T", ev.Object)
+		}
+		return fn(ev.Type, sm)
+	})
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// Follow watches the StorageMigration name until until says it is over,
+// showing its progress on out, and returns it. total estimates the objects
+// of the pass (-1 if not known) until the StorageMigration reports its own
+// estimate. A StorageMigration that does not exist yet is waited for.
+func Follow(ctx context.Context, c client.WithWatch, name string, total int64, until Until, out io.Writer) (*migrationv1alpha1.StorageMigration, Outcome, error) {
 	sm := &migrationv1alpha1.StorageMigration{}
 	var bar *progress
 	var outcome Outcome
 	settling := false
-	err := wait.PollUntilContextCancel(ctx, followInterval, true, func(ctx context.Context) (bool, error) {
-		if err := c.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
-			return false, client.IgnoreNotFound(err)
+	err := watchMigration(ctx, c, name, func(ev watch.EventType, latest *migrationv1alpha1.StorageMigration) (bool, error) {
+		if ev == watch.Deleted {
+			return false, fmt.Errorf("StorageMigration %s: %w", name, errDeleted)
 		}
+		sm = latest
 		if outcome = until(sm); outcome != Waiting {
 			return true, nil
 		}
@@ -90,7 +137,7 @@ func Follow(ctx context.Context, c client.Reader, name string, total int64, unti
 		}
 		if p.Phase == migrationv1alpha1.PassSettling && p.SettleUntil != nil && !settling {
 			settling = true
-			bar.set(processed(p.ObjectCounts), p.Listed)
+			bar.set(p.Done(), p.Listed)
 			bar.finish()
 			fmt.Fprintf(out, "Settling: every object was rewritten; waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Local().Format(time.TimeOnly))
 		}
@@ -101,15 +148,15 @@ func Follow(ctx context.Context, c client.Reader, name string, total int64, unti
 		if p.RemainingEstimate != nil {
 			estimate = p.Listed + *p.RemainingEstimate
 		}
-		bar.set(processed(p.ObjectCounts), estimate)
+		bar.set(p.Done(), estimate)
 		return false, nil
 	})
 	if outcome == Succeeded && sm.Status.LastPass != nil && !settling {
 		if bar == nil {
-			// The pass ended between two reads.
+			// The pass ended between two updates.
 			bar = newProgress(out, "Rewriting "+resourceOf(sm)+" to "+sm.Status.LastPass.TargetVersion, total)
 		}
-		bar.set(processed(sm.Status.LastPass.ObjectCounts), sm.Status.LastPass.Listed)
+		bar.set(sm.Status.LastPass.Done(), sm.Status.LastPass.Listed)
 		bar.finish()
 	}
 	return sm, outcome, err

@@ -7,46 +7,66 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 )
 
+// Defaults of migrate --wait.
+const (
+	// defaultWaitTimeout bounds the whole wait.
+	defaultWaitTimeout = time.Hour
+	// defaultOperatorTimeout is how long migrate --wait gives the operator
+	// to answer: it writes status at once for a new request, and every
+	// --status-interval (5 s by default) while a pass runs.
+	defaultOperatorTimeout = 30 * time.Second
+)
+
+type migrateOptions struct {
+	wait            bool
+	timeout         time.Duration
+	operatorTimeout time.Duration
+}
+
 func newMigrateCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
-	var (
-		waitFor bool
-		timeout time.Duration
-	)
+	opts := migrateOptions{}
 	cmd := &cobra.Command{
 		Use:   "migrate RESOURCE|CRD",
 		Short: "Ask the restow operator to migrate a resource, and optionally wait",
-		Long: `migrate creates a StorageMigration for the resource, or, if one exists, asks it
+		Long: fmt.Sprintf(`migrate creates a StorageMigration for the resource, or, if one exists, asks it
 for a new pass (the migration.restow.dev/requested-at annotation). With --wait
 it follows the pass with a progress bar until the StorageMigration is Ready
-(exit 0) or Stalled (exit 2), or --timeout passes (exit 3).`,
+(exit 0) or Stalled (exit %d), or --timeout passes (exit %d). If no restow
+operator answers within --operator-timeout, it says so and exits %d.`, ExitPending, ExitTimeout, ExitNoOperator),
 		Example: `  kubectl restow migrate crontabs.stable.example.com --wait
   kubectl restow migrate crontabs --wait --timeout 30m`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if opts.operatorTimeout <= 0 {
+				return errors.New("--operator-timeout must be positive")
+			}
 			c, err := f.clients()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := withTimeout(cmd.Context(), timeout)
+			ctx, cancel := withTimeout(cmd.Context(), opts.timeout)
 			defer cancel()
-			return migrate(ctx, c, streams, args[0], waitFor)
+			return migrate(ctx, c, streams, args[0], opts)
 		},
 	}
-	cmd.Flags().BoolVar(&waitFor, "wait", false, "Follow the pass until the StorageMigration is Ready or Stalled.")
-	cmd.Flags().DurationVar(&timeout, "timeout", 0, "Give up waiting after this long (0: no limit).")
+	cmd.Flags().BoolVar(&opts.wait, "wait", false, "Follow the pass until the StorageMigration is Ready or Stalled.")
+	cmd.Flags().DurationVar(&opts.timeout, "timeout", defaultWaitTimeout, "Give up waiting after this long (0: no limit).")
+	cmd.Flags().DurationVar(&opts.operatorTimeout, "operator-timeout", defaultOperatorTimeout, "With --wait, how long to wait for the restow operator to answer before concluding that none is running.")
 	return cmd
 }
 
-func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, waitFor bool) error {
+func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts migrateOptions) error {
 	gr, err := c.resolveResource(arg)
 	if err != nil {
 		return err
@@ -56,28 +76,30 @@ func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 		return err
 	}
 	token := time.Now().UTC().Format(time.RFC3339Nano)
-	var name string
+	var sm *migrationv1alpha1.StorageMigration
 	if len(existing) > 0 {
-		sm := &existing[0]
-		name = sm.Name
+		sm = &existing[0]
 		patch := client.RawPatch(client.Merge.Type(), fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, migrationv1alpha1.ReRunAnnotation, token))
 		if err := c.client.Patch(ctx, sm, patch); err != nil {
-			return fmt.Errorf("requesting a new pass of StorageMigration %s: %w", name, err)
+			return fmt.Errorf("requesting a new pass of StorageMigration %s: %w", sm.Name, err)
 		}
-		fmt.Fprintf(streams.Out, "Requested a new pass of StorageMigration %s.\n", name)
+		fmt.Fprintf(streams.Out, "Requested a new pass of StorageMigration %s.\n", sm.Name)
 	} else {
-		sm := newStorageMigration(gr, token)
-		name = sm.Name
+		sm = newStorageMigration(gr, token)
 		if err := c.client.Create(ctx, sm); err != nil {
 			if apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("a StorageMigration named %s exists for another resource: create one for %s by hand under another name", name, gr)
+				return fmt.Errorf("a StorageMigration named %s exists for another resource: create one for %s by hand under another name", sm.Name, gr)
 			}
-			return fmt.Errorf("creating StorageMigration %s: %w", name, err)
+			return fmt.Errorf("creating StorageMigration %s: %w", sm.Name, err)
 		}
-		fmt.Fprintf(streams.Out, "Created StorageMigration %s.\n", name)
+		fmt.Fprintf(streams.Out, "Created StorageMigration %s.\n", sm.Name)
 	}
-	if !waitFor {
+	if !opts.wait {
 		return nil
+	}
+	name := sm.Name
+	if err := waitForOperator(ctx, c, sm, token, opts.operatorTimeout); err != nil {
+		return err
 	}
 
 	total := int64(-1)
@@ -86,22 +108,46 @@ func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 			total = n
 		}
 	}
-	sm, outcome, err := Follow(ctx, c.client, name, total, Answered(token), streams.Out)
+	sm, outcome, err := Follow(ctx, c.watcher, name, total, Answered(token), streams.Out)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		hint := ""
-		if state, _, _ := migrationState(sm); state == statePending {
-			hint = "; is the restow operator running? (`kubectl restow run` needs none)"
-		}
-		return &exitError{code: ExitTimeout, err: fmt.Errorf("timed out waiting for StorageMigration %s: %s%s", name, describe(sm), hint)}
+		return &exitError{code: ExitTimeout, err: fmt.Errorf("timed out waiting for StorageMigration %s: %s", name, summarize(sm))}
 	case err != nil:
 		return err
 	case outcome == Stalled:
-		_, reason, message := migrationState(sm)
+		_, reason, message := stateOf(sm)
 		return &exitError{code: ExitPending, err: fmt.Errorf("StorageMigration %s is Stalled (%s): %s", name, reason, message)}
 	}
 	printPassSummary(streams, sm)
 	return nil
+}
+
+// waitForOperator waits until an operator answered the request: its status
+// observed the latest generation and handled token, or changed at all (a
+// pass under way writes progress and handles the token only when it ends).
+// With no answer within limit, no operator is running.
+func waitForOperator(ctx context.Context, c *clients, asked *migrationv1alpha1.StorageMigration, token string, limit time.Duration) error {
+	answerCtx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	err := watchMigration(answerCtx, c.watcher, asked.Name, func(ev watch.EventType, sm *migrationv1alpha1.StorageMigration) (bool, error) {
+		if ev == watch.Deleted {
+			return false, fmt.Errorf("StorageMigration %s: %w", asked.Name, errDeleted)
+		}
+		handled := sm.Status.ObservedGeneration == sm.Generation && sm.Status.LastHandledReRunToken == token
+		return handled || !equality.Semantic.DeepEqual(sm.Status, asked.Status), nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return &exitError{code: ExitTimeout, err: fmt.Errorf("timed out waiting for StorageMigration %s: no restow operator answered yet", asked.Name)}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &exitError{code: ExitNoOperator, err: fmt.Errorf(
+			"no restow operator answered StorageMigration %s within %s (its status did not change): is the operator running? "+
+				"(kubectl -n restow-system get deployment restow-controller-manager); `kubectl restow run %s` migrates without one",
+			asked.Name, limit, asked.Spec.Resource)}
+	}
+	return err
 }
 
 // newStorageMigration names a StorageMigration after its resource, as the
@@ -118,11 +164,12 @@ func newStorageMigration(gr schema.GroupResource, token string) *migrationv1alph
 	}
 }
 
-func describe(sm *migrationv1alpha1.StorageMigration) string {
+// summarize says where a StorageMigration stands, in one line.
+func summarize(sm *migrationv1alpha1.StorageMigration) string {
 	if sm == nil || sm.Name == "" {
 		return "it does not exist"
 	}
-	state, reason, message := migrationState(sm)
+	state, reason, message := stateOf(sm)
 	if reason == "" {
 		return state + ": " + message
 	}
@@ -135,8 +182,8 @@ func printPassSummary(streams genericiooptions.IOStreams, sm *migrationv1alpha1.
 		fmt.Fprintf(streams.Out, "StorageMigration %s is Ready.\n", sm.Name)
 		return
 	}
-	fmt.Fprintf(streams.Out, "StorageMigration %s is Ready: %d objects stored at %s (%d rewritten, %d changed by others meanwhile)",
-		sm.Name, last.Listed, last.TargetVersion, last.Migrated, last.Skipped)
+	fmt.Fprintf(streams.Out, "StorageMigration %s is Ready: %d objects stored at %s (%d re-encoded, %d already stored, %d changed by others meanwhile, %d rewritten again after the settle window)",
+		sm.Name, last.Listed, last.TargetVersion, last.Migrated, last.AlreadyStored, last.Skipped, last.Rechecked)
 	if len(last.PrunedVersions) > 0 {
 		fmt.Fprintf(streams.Out, "; removed %v from status.storedVersions", last.PrunedVersions)
 	}

@@ -20,8 +20,9 @@ import (
 )
 
 // defaultAssumedRate is the pass throughput plan assumes for a migration
-// that is not running: the default pass measured about 550 objects/s on a
-// 2-core machine (docs/benchmarks.md).
+// that is not running: the manager's default pass did 537 and 515 objects/s
+// over 10,000 objects on a 2-core test control plane (docs/benchmarks.md,
+// "Against the targets").
 const defaultAssumedRate = 500
 
 // planEntry is a CRD whose status.storedVersions lists more than its
@@ -52,7 +53,9 @@ type planMigration struct {
 }
 
 type planOutput struct {
-	Pending []planEntry `json:"pending"`
+	// Namespace, when set, is the only namespace whose objects were counted.
+	Namespace string      `json:"namespace,omitempty"`
+	Pending   []planEntry `json:"pending"`
 }
 
 func newPlanCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -60,6 +63,7 @@ func newPlanCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Comma
 		output        string
 		failIfPending bool
 		assumedRate   float64
+		allNamespaces bool
 	)
 	cmd := &cobra.Command{
 		Use:   "plan",
@@ -67,7 +71,8 @@ func newPlanCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Comma
 		Long: `plan lists every CRD whose status.storedVersions lists more than its storage
 version: how many objects a migration would rewrite, which StorageMigration
 covers it and in what state, an estimate of the time left, and what blocks
-removing the old versions from the CRD.`,
+removing the old versions from the CRD. With -n/--namespace it counts the
+objects of namespaced CRDs in that namespace only.`,
 		Example: `  kubectl restow plan
   kubectl restow plan -o yaml
   # In CI: fail while anything is left to migrate.
@@ -80,18 +85,22 @@ removing the old versions from the CRD.`,
 			if assumedRate <= 0 {
 				return fmt.Errorf("--assumed-rate must be positive")
 			}
+			namespace, err := f.namespace(allNamespaces)
+			if err != nil {
+				return err
+			}
 			c, err := f.clients()
 			if err != nil {
 				return err
 			}
-			entries, err := plan(cmd.Context(), c, assumedRate, time.Now())
+			entries, err := plan(cmd.Context(), c, namespace, assumedRate, time.Now())
 			if err != nil {
 				return err
 			}
 			if output != "" {
-				err = printStructured(streams.Out, output, planOutput{Pending: entries})
+				err = printStructured(streams.Out, output, planOutput{Namespace: namespace, Pending: entries})
 			} else {
-				err = printPlan(streams, entries)
+				err = printPlan(streams, namespace, entries)
 			}
 			if err != nil {
 				return err
@@ -105,10 +114,11 @@ removing the old versions from the CRD.`,
 	addOutputFlag(cmd, &output)
 	cmd.Flags().BoolVar(&failIfPending, "fail-if-pending", false, fmt.Sprintf("Exit with code %d while any CRD is left to migrate.", ExitPending))
 	cmd.Flags().Float64Var(&assumedRate, "assumed-rate", defaultAssumedRate, "Objects per second assumed for the estimate of a migration that is not running.")
+	addAllNamespacesFlag(cmd, &allNamespaces)
 	return cmd
 }
 
-func plan(ctx context.Context, c *clients, assumedRate float64, now time.Time) ([]planEntry, error) {
+func plan(ctx context.Context, c *clients, namespace string, assumedRate float64, now time.Time) ([]planEntry, error) {
 	var crds apiextensionsv1.CustomResourceDefinitionList
 	if err := c.client.List(ctx, &crds); err != nil {
 		return nil, err
@@ -124,12 +134,12 @@ func plan(ctx context.Context, c *clients, assumedRate float64, now time.Time) (
 		if !storedversions.NeedsMigration(crd) {
 			continue
 		}
-		entries = append(entries, planFor(ctx, c, crd, sms, installed, assumedRate, now))
+		entries = append(entries, planFor(ctx, c, crd, namespace, sms, installed, assumedRate, now))
 	}
 	return entries, nil
 }
 
-func planFor(ctx context.Context, c *clients, crd *apiextensionsv1.CustomResourceDefinition, sms []migrationv1alpha1.StorageMigration,
+func planFor(ctx context.Context, c *clients, crd *apiextensionsv1.CustomResourceDefinition, namespace string, sms []migrationv1alpha1.StorageMigration,
 	installed bool, assumedRate float64, now time.Time) planEntry {
 	storage := storedversions.StorageVersion(crd)
 	e := planEntry{
@@ -148,7 +158,11 @@ func planFor(ctx context.Context, c *clients, crd *apiextensionsv1.CustomResourc
 		if slices.Contains(e.ServedVersions, storage) {
 			version = storage
 		}
-		target := migrator.Target{Resource: schema.GroupVersionResource{Group: crd.Spec.Group, Version: version, Resource: crd.Spec.Names.Plural}}
+		target := migrator.Target{
+			Resource:   schema.GroupVersionResource{Group: crd.Spec.Group, Version: version, Resource: crd.Spec.Names.Plural},
+			Namespaced: crd.Spec.Scope == apiextensionsv1.NamespaceScoped,
+			Namespace:  namespace,
+		}
 		if n, err := c.migrator.Count(ctx, target); err != nil {
 			e.BlockedBy = append(e.BlockedBy, "its objects cannot be listed: "+migrator.Message(err))
 		} else {
@@ -169,10 +183,10 @@ func planFor(ctx context.Context, c *clients, crd *apiextensionsv1.CustomResourc
 	case sm == nil:
 		e.BlockedBy = append(e.BlockedBy, "no StorageMigration covers it: run `kubectl restow migrate "+crd.Name+"`, or run the operator with --auto-migrate")
 	default:
-		state, reason, message := migrationState(sm)
+		state, reason, message := stateOf(sm)
 		e.Migration = &planMigration{Name: sm.Name, Automatic: sm.Labels[migrationv1alpha1.AutomaticLabel] == "true", State: state, Reason: reason, Message: message}
 		switch {
-		case state == stateStalled:
+		case state == stateFailed:
 			e.BlockedBy = append(e.BlockedBy, fmt.Sprintf("StorageMigration %s is Stalled (%s): %s", sm.Name, reason, message))
 		case sm.Spec.PruneStoredVersions != nil && !*sm.Spec.PruneStoredVersions:
 			e.BlockedBy = append(e.BlockedBy, fmt.Sprintf("StorageMigration %s does not prune status.storedVersions (spec.pruneStoredVersions is false)", sm.Name))
@@ -190,7 +204,7 @@ func estimate(objects int64, sm *migrationv1alpha1.StorageMigration, assumedRate
 	remaining, rate := float64(objects), assumedRate
 	if sm != nil && sm.Status.Progress != nil {
 		p := sm.Status.Progress
-		done := float64(processed(p.ObjectCounts))
+		done := float64(p.Done())
 		if elapsed := now.Sub(p.StartTime.Time).Seconds(); done > 0 && elapsed > 0 {
 			rate = done / elapsed
 		}
@@ -199,13 +213,17 @@ func estimate(objects int64, sm *migrationv1alpha1.StorageMigration, assumedRate
 	return time.Duration(remaining / rate * float64(time.Second)).Round(time.Second)
 }
 
-func printPlan(streams genericiooptions.IOStreams, entries []planEntry) error {
+func printPlan(streams genericiooptions.IOStreams, namespace string, entries []planEntry) error {
 	if len(entries) == 0 {
 		fmt.Fprintln(streams.Out, "Nothing to migrate: every CRD's status.storedVersions lists only its storage version.")
 		return nil
 	}
 	w := printers.GetNewTabWriter(streams.Out)
-	fmt.Fprintln(w, "CRD\tSTORAGE\tSTORED VERSIONS\tOBJECTS\tMIGRATION\tSTATE\tESTIMATE\tBLOCKED BY")
+	objects := "OBJECTS"
+	if namespace != "" {
+		objects = "OBJECTS IN " + namespace
+	}
+	fmt.Fprintf(w, "CRD\tSTORAGE\tSTORED VERSIONS\t%s\tMIGRATION\tSTATE\tESTIMATE\tBLOCKED BY\n", objects)
 	for _, e := range entries {
 		objects, migration, state := "?", "-", "-"
 		if e.Objects != nil {

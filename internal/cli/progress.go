@@ -14,6 +14,10 @@ import (
 // not a terminal (CI logs).
 const lineInterval = 5 * time.Second
 
+// minRateElapsed is how long a pass must have run before a rate is printed:
+// over a shorter time the rate measures the clock, not the pass.
+const minRateElapsed = 2 * time.Second
+
 // progress shows how far a pass got: a live bar on a terminal, a plain line
 // every lineInterval elsewhere.
 type progress struct {
@@ -37,8 +41,6 @@ func newProgress(out io.Writer, what string, total int64) *progress {
 			progressbar.OptionSetDescription(what),
 			progressbar.OptionSetWidth(30),
 			progressbar.OptionShowCount(),
-			progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString("objects"),
 			progressbar.OptionSetPredictTime(true),
 			progressbar.OptionShowElapsedTimeOnFinish(),
 			progressbar.OptionThrottle(100*time.Millisecond),
@@ -91,7 +93,7 @@ func (p *progress) finish() {
 func (p *progress) printLine(now time.Time) {
 	elapsed := now.Sub(p.start)
 	line := fmt.Sprintf("%s: %s after %s", p.what, countOf(p.done, p.total), elapsed.Round(time.Second))
-	if secs := elapsed.Seconds(); secs > 0 && p.done > 0 {
+	if secs := elapsed.Seconds(); elapsed >= minRateElapsed && p.done > 0 {
 		rate := float64(p.done) / secs
 		line += fmt.Sprintf(", %.0f objects/s", rate)
 		if p.total > p.done {

@@ -31,10 +31,12 @@ type runOptions struct {
 	pageSize     int64
 	settleWindow time.Duration
 	timeout      time.Duration
+	namespace    string
 }
 
 func newRunCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
 	opts := runOptions{}
+	allNamespaces := false
 	cmd := &cobra.Command{
 		Use:   "run RESOURCE|CRD",
 		Short: "Run one migration pass in-process, without the operator",
@@ -44,12 +46,19 @@ status.storedVersions. Before it prunes it waits out the settle window
 (--settle-window, counted from when it saw the API server store at the new
 version), so that writes that began on the old storage have ended, and
 rewrites again what others wrote meanwhile. It needs no operator: use it in CI
-jobs, Helm hooks and Argo CD PostSync hooks. It exits 2 if objects could not
-be rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
+jobs, Helm hooks and Argo CD PostSync hooks. With -n/--namespace it rewrites
+the objects of one namespace and never prunes: the other namespaces are not
+proven. It exits 2 if the resource cannot be migrated or objects could not be
+rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 		Example: `  kubectl restow run crontabs.stable.example.com
-  kubectl restow run crontabs --dry-run`,
+  kubectl restow run crontabs --dry-run
+  kubectl restow run crontabs -n team-a`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if opts.namespace, err = f.namespace(allNamespaces); err != nil {
+				return err
+			}
 			c, err := f.clients()
 			if err != nil {
 				return err
@@ -70,6 +79,7 @@ be rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 	cmd.Flags().Int64Var(&opts.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page.")
 	cmd.Flags().DurationVar(&opts.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after the storage switch writes that began on the old storage may still commit: at least twice the API server's --request-timeout.")
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", 0, "Give up after this long (0: no limit).")
+	addAllNamespacesFlag(cmd, &allNamespaces)
 	return cmd
 }
 
@@ -89,14 +99,23 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 		return err
 	}
 	version := target.TargetVersion()
+	if opts.namespace != "" {
+		if !target.Namespaced {
+			return fmt.Errorf("%s is cluster-scoped: --namespace does not apply", gr)
+		}
+		target.Namespace = opts.namespace
+		if target.CRD != nil && !slices.Equal(target.CRD.StoredVersions, []string{version}) {
+			fmt.Fprintf(streams.ErrOut, "Only namespace %s: status.storedVersions of CRD %s will not be pruned, since objects in other namespaces are not proven. Run without --namespace to prune.\n", opts.namespace, target.CRD.Name)
+		}
+	}
 
 	if opts.dryRun {
 		n, err := c.migrator.CountAll(ctx, target, opts.pageSize)
 		if err != nil {
 			return fmt.Errorf("listing %s: %w", gr, err)
 		}
-		fmt.Fprintf(streams.Out, "Dry run: a pass would rewrite %d objects of %s so they are stored at %s.\n", n, gr, version)
-		if crd := target.CRD; crd != nil && opts.prune && !slices.Equal(crd.StoredVersions, []string{version}) {
+		fmt.Fprintf(streams.Out, "Dry run: a pass would rewrite %d objects of %s%s so they are stored at %s.\n", n, gr, inNamespace(target), version)
+		if crd := target.CRD; crd != nil && opts.prune && !target.Partial() && !slices.Equal(crd.StoredVersions, []string{version}) {
 			fmt.Fprintf(streams.Out, "Then status.storedVersions of CRD %s would go from %v to [%s].\n", crd.Name, crd.StoredVersions, version)
 		}
 		return nil
@@ -106,7 +125,7 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	if err != nil {
 		total = -1
 	}
-	bar := newProgress(streams.Out, fmt.Sprintf("Rewriting %s to %s", gr, version), total)
+	bar := newProgress(streams.Out, fmt.Sprintf("Rewriting %s%s to %s", gr, inNamespace(target), version), total)
 	start := time.Now()
 	// The observer runs on the pass's goroutines: one at a time here.
 	var mu sync.Mutex
@@ -149,8 +168,8 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	}
 	bar.set(result.Done(), result.Listed)
 	bar.finish()
-	fmt.Fprintf(streams.Out, "%d objects in %s: %d rewritten, %d changed by others meanwhile, %d rewritten again after the settle window, %d failed.\n",
-		result.Listed, time.Since(start).Round(time.Millisecond), result.Migrated, result.Skipped, result.Rechecked, result.Failed)
+	fmt.Fprintf(streams.Out, "%d objects in %s: %d re-encoded, %d already stored, %d changed by others meanwhile, %d rewritten again after the settle window, %d failed.\n",
+		result.Listed, time.Since(start).Round(time.Millisecond), result.Migrated, result.AlreadyStored, result.Skipped, result.Rechecked, result.Failed)
 
 	if result.Failed > 0 {
 		w := printers.GetNewTabWriter(streams.Out)
@@ -192,4 +211,12 @@ func resolveWhenServed(ctx context.Context, c *clients, streams genericiooptions
 		return err == nil, err
 	})
 	return target, err
+}
+
+// inNamespace says which namespace a limited target covers.
+func inNamespace(target migrator.Target) string {
+	if target.Partial() {
+		return " in namespace " + target.Namespace
+	}
+	return ""
 }

@@ -40,8 +40,9 @@ type ControlPlane struct {
 	Config *rest.Config
 	// Scheme knows the built-in types, apiextensions/v1 and restow's API.
 	Scheme *runtime.Scheme
-	// Client is a direct (uncached) client built from Config and Scheme.
-	Client client.Client
+	// Client is a direct (uncached) client built from Config and Scheme,
+	// which can also watch.
+	Client client.WithWatch
 
 	environment *envtest.Environment
 	etcd        *clientv3.Client
@@ -81,7 +82,7 @@ func Start(opts Options) (*ControlPlane, error) {
 	// limit of 5 requests a second would make them crawl.
 	cfg.QPS, cfg.Burst = 2000, 4000
 	cp := &ControlPlane{Config: cfg, Scheme: scheme, environment: environment}
-	if cp.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+	if cp.Client, err = client.NewWithWatch(cfg, client.Options{Scheme: scheme}); err != nil {
 		return nil, errors.Join(err, environment.Stop())
 	}
 	cp.etcd, err = clientv3.New(clientv3.Config{

@@ -170,9 +170,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("StorageMigration %s ended %v: %+v", crdName, outcome, sm.Status.Conditions)
 	}
 	last := sm.Status.LastPass
-	fmt.Fprintf(out, "   StorageMigration %s is Ready: %d objects in %s including the settle window, %d rewritten, %d changed by others meanwhile,\n"+
-		"   %d rewritten again after the window; it removed %v from status.storedVersions.\n",
-		sm.Name, last.Listed, last.CompletionTime.Sub(last.StartTime.Time).Round(time.Second), last.Migrated, last.Skipped, last.Rechecked, last.PrunedVersions)
+	fmt.Fprintf(out, "   StorageMigration %s is Ready: %d objects in %s including the settle window, %d re-encoded, %d already stored,\n"+
+		"   %d changed by others meanwhile, %d rewritten again after the window; it removed %v from status.storedVersions.\n",
+		sm.Name, last.Listed, last.CompletionTime.Sub(last.StartTime.Time).Round(time.Second), last.Migrated, last.AlreadyStored, last.Skipped, last.Rechecked, last.PrunedVersions)
 
 	step(out, 6, "The proof, read from etcd (an API read converts objects and proves nothing about storage):")
 	if err := show.stored(ctx, map[string]int{"v1": opts.Objects}); err != nil {
