@@ -105,6 +105,9 @@ func progressSummary(status *migrationv1alpha1.StorageMigrationStatus) string {
 	switch p := status.Progress; {
 	case p != nil && p.RemainingEstimate != nil:
 		return fmt.Sprintf("%d/~%d", p.Done(), p.Listed+*p.RemainingEstimate)
+	case p != nil && p.Phase == migrationv1alpha1.PassRewriting && p.Listed == 0 && p.ContinueToken == "":
+		// Nothing listed yet.
+		return "0/?"
 	case p != nil && p.ContinueToken != "":
 		return fmt.Sprintf("%d/%d+", p.Done(), p.Listed)
 	case p != nil:

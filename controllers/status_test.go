@@ -98,3 +98,34 @@ func TestPassNeeded(t *testing.T) {
 		})
 	}
 }
+
+// TestProgressSummary: the wide PROGRESS column counts the pass under way,
+// and the last pass once none runs, so it stays meaningful after a pass.
+func TestProgressSummary(t *testing.T) {
+	remaining := int64(1500)
+	counts := func(listed, migrated, already, skipped, failed int64) migrationv1alpha1.ObjectCounts {
+		return migrationv1alpha1.ObjectCounts{Listed: listed, Migrated: migrated, AlreadyStored: already, Skipped: skipped, Failed: failed}
+	}
+	tests := []struct {
+		name   string
+		status migrationv1alpha1.StorageMigrationStatus
+		want   string
+	}{
+		{"nothing yet", migrationv1alpha1.StorageMigrationStatus{}, ""},
+		{"pass starting", migrationv1alpha1.StorageMigrationStatus{Progress: &migrationv1alpha1.PassProgress{Phase: migrationv1alpha1.PassRewriting}}, "0/?"},
+		{"estimate", migrationv1alpha1.StorageMigrationStatus{Progress: &migrationv1alpha1.PassProgress{
+			Phase: migrationv1alpha1.PassRewriting, ObjectCounts: counts(1500, 1000, 400, 99, 1), RemainingEstimate: &remaining, ContinueToken: "t"}}, "1500/~3000"},
+		{"no estimate", migrationv1alpha1.StorageMigrationStatus{Progress: &migrationv1alpha1.PassProgress{
+			Phase: migrationv1alpha1.PassRewriting, ObjectCounts: counts(500, 500, 0, 0, 0), ContinueToken: "t"}}, "500/500+"},
+		{"settling", migrationv1alpha1.StorageMigrationStatus{Progress: &migrationv1alpha1.PassProgress{
+			Phase: migrationv1alpha1.PassSettling, ObjectCounts: counts(3000, 3000, 0, 0, 0)}}, "3000/3000"},
+		{"after the pass", migrationv1alpha1.StorageMigrationStatus{LastPass: &migrationv1alpha1.PassSummary{ObjectCounts: counts(3000, 2000, 990, 0, 10)}}, "3000/3000"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := progressSummary(&tt.status); got != tt.want {
+				t.Errorf("progressSummary = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -34,6 +34,13 @@ func TestMain(m *testing.M) {
 // kubectl user would: through a kubeconfig file, with a fresh discovery cache.
 func restow(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return restowUntil(t.Context(), t, args...)
+}
+
+// restowUntil runs kubectl-restow as restow does, until ctx ends (an
+// interrupt, for --watch).
+func restowUntil(ctx context.Context, t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := env.WriteKubeconfig(kubeconfig); err != nil {
@@ -41,7 +48,7 @@ func restow(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	}
 	var out, errOut bytes.Buffer
 	args = append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(dir, "cache")}, args...)
-	code = cli.Execute(t.Context(), args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	code = cli.Execute(ctx, args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
 	t.Logf("kubectl restow %s: exit %d\n%s%s", strings.Join(args[4:], " "), code, out.String(), errOut.String())
 	return out.String(), errOut.String(), code
 }
@@ -180,10 +187,13 @@ func TestPlanDryRunAndRun(t *testing.T) {
 	}
 	w.assertStored(t, map[string]int{"v1": 300})
 	w.assertStoredVersions(t, "v1")
-	for _, want := range []string{"300/300 objects (100%)", "300 rewritten", "Removed [v1beta1] from status.storedVersions of CRD " + w.crdName()} {
+	for _, want := range []string{"300/300 objects (100%)", "300 re-encoded, 0 already stored", "Removed [v1beta1] from status.storedVersions of CRD " + w.crdName()} {
 		if !strings.Contains(out, want) {
 			t.Errorf("run output lacks %q", want)
 		}
+	}
+	if strings.Contains(out, "objects/s") {
+		t.Errorf("run printed a rate for a pass of 300 objects, too short to measure")
 	}
 
 	if e := planOf(t, w.crdName()); e != nil {
@@ -259,9 +269,28 @@ func TestMigrateWait(t *testing.T) {
 	}
 	firstPass := sm.Status.LastPass.CompletionTime
 	time.Sleep(time.Second) // completion times have a resolution of a second
+
+	// status --watch sees the second pass from a watch: a header, then a
+	// line per change, InProgress while the pass runs and Current after.
+	watchCtx, stopWatch := context.WithCancel(t.Context())
+	watched := make(chan string)
+	go func() {
+		out, _, code := restowUntil(watchCtx, t, "status", w.crdName(), "--watch")
+		if code != 0 {
+			t.Errorf("status --watch exited %d after an interrupt, want 0", code)
+		}
+		watched <- out
+	}()
+	time.Sleep(time.Second)
 	out, _, code = restow(t, "migrate", "widgets."+w.group, "--wait", "--timeout", "2m")
 	if code != 0 || !strings.Contains(out, "Requested a new pass of StorageMigration "+w.crdName()) {
 		t.Fatalf("second migrate --wait exited %d, want 0 and a new pass of the existing StorageMigration", code)
+	}
+	time.Sleep(500 * time.Millisecond)
+	stopWatch()
+	watchOut := <-watched
+	if strings.Count(watchOut, "NAME") != 1 || !strings.Contains(watchOut, "InProgress") || strings.Count(watchOut, "Current") < 2 {
+		t.Errorf("status --watch printed %q; want one header, the Current state before, InProgress during the pass and Current after", watchOut)
 	}
 	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: w.crdName()}, sm); err != nil {
 		t.Fatal(err)
@@ -271,9 +300,10 @@ func TestMigrateWait(t *testing.T) {
 	}
 
 	out, _, code = restow(t, "status")
-	if code != 0 || !strings.Contains(out, w.crdName()) || !strings.Contains(out, "Ready") || !strings.Contains(out, "400 objects") {
-		t.Errorf("status: exit %d, want a Ready row for %s with its last pass", code, w.crdName())
+	if code != 0 || !strings.Contains(out, w.crdName()) || !strings.Contains(out, "Current") || !strings.Contains(out, "400/400") || !strings.Contains(out, "400 objects, ") {
+		t.Errorf("status: exit %d, want a Current row for %s with its progress and last pass", code, w.crdName())
 	}
+	assertStatusOutputs(t, w.crdName())
 	out, _, _ = restow(t, "status", "-o", "yaml")
 	var list migrationv1alpha1.StorageMigrationList
 	if err := yaml.Unmarshal([]byte(out), &list); err != nil || !slices.ContainsFunc(list.Items, func(sm migrationv1alpha1.StorageMigration) bool {
@@ -289,12 +319,17 @@ func TestMigrateWaitStalledAndTimeout(t *testing.T) {
 	w := installSwitched(t, "stalled.cli.restow.dev", 30, "w-0003")
 	w.deleteMigrationsAtEnd(t)
 
-	// No operator yet: nothing answers.
-	if _, errOut, code := restow(t, "migrate", w.crdName(), "--wait", "--timeout", "2s"); code != cli.ExitTimeout || !strings.Contains(errOut, "is the restow operator running?") {
-		t.Errorf("migrate --wait without an operator exited %d, want %d (timeout)", code, cli.ExitTimeout)
+	// No operator yet: nothing answers, and migrate says so.
+	if _, errOut, code := restow(t, "migrate", w.crdName(), "--wait", "--operator-timeout", "2s"); code != cli.ExitNoOperator ||
+		!strings.Contains(errOut, "no restow operator answered StorageMigration "+w.crdName()+" within 2s") || !strings.Contains(errOut, "kubectl restow run") {
+		t.Errorf("migrate --wait without an operator exited %d, want %d saying no operator answered", code, cli.ExitNoOperator)
+	}
+	if _, errOut, code := restow(t, "migrate", w.crdName(), "--wait", "--timeout", "1s"); code != cli.ExitTimeout || !strings.Contains(errOut, "timed out") {
+		t.Errorf("migrate --wait --timeout 1s without an operator exited %d, want %d (the timeout came first)", code, cli.ExitTimeout)
 	}
 
-	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
+	// Stalled retries a minute apart, so status shows the stalled pass.
+	operator.Start(t, env.Config, env.Scheme, controllers.Options{StalledRetryBase: time.Minute, StalledRetryMax: time.Minute})
 	_, errOut, code := restow(t, "migrate", w.crdName(), "--wait", "--timeout", "2m")
 	if code != cli.ExitPending || !strings.Contains(errOut, migrationv1alpha1.ObjectsFailedReason) {
 		t.Errorf("migrate --wait with a denied object exited %d, want %d with reason %s", code, cli.ExitPending, migrationv1alpha1.ObjectsFailedReason)
@@ -302,7 +337,106 @@ func TestMigrateWaitStalledAndTimeout(t *testing.T) {
 	w.assertStored(t, map[string]int{"v1": 29, "v1beta1": 1})
 	w.assertStoredVersions(t, "v1beta1", "v1")
 
+	// status NAME describes it: the state in kstatus's word, the message
+	// and the object that failed. (The annotation's own watch event may
+	// start one retry at once; it stalls the same way.)
+	var out string
+	for range 40 {
+		if out, _, code = restow(t, "status", w.crdName()); strings.Contains(out, "Failed objects:") {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	for _, want := range []string{"State:", "Failed", "Reason:", migrationv1alpha1.ObjectsFailedReason, "1 of 30 objects could not be rewritten", "Failed objects:", "w-0003", testenv.FrozenMessage, "30 listed:"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("status %s: exit %d, output lacks %q", w.crdName(), code, want)
+		}
+	}
+
 	if _, errOut, code := restow(t, "migrate", "nosuchthings"); code != 1 || !strings.Contains(errOut, `doesn't have a resource "nosuchthings"`) {
 		t.Errorf("migrate of an unknown resource exited %d, want 1 with a clear error", code)
 	}
+}
+
+// assertStatusOutputs checks status's output flags on a Ready
+// StorageMigration: the description, -o name, jsonpath, wide and
+// --no-headers, and a clear error for an unknown format.
+func assertStatusOutputs(t *testing.T, name string) {
+	t.Helper()
+	checks := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"status", name}, []string{"State:", "Current", "Message:", "All 400 objects are stored at v1", "Progress:", "400/400", "ended", "ago", "400 listed: 0 re-encoded, 400 already stored"}},
+		{[]string{"status", name, "-o", "name"}, []string{"storagemigration.migration.restow.dev/" + name}},
+		{[]string{"status", name, "-o", "jsonpath={.status.lastPass.targetVersion}"}, []string{"v1"}},
+		{[]string{"status", "-o", "wide"}, []string{"TARGET", "REASON", "MESSAGE", "Succeeded", "All 400 objects are stored at v1"}},
+		{[]string{"status", name, "-o", "wide", "--no-headers"}, []string{name, "Current", "Succeeded"}},
+	}
+	for _, c := range checks {
+		out, _, code := restow(t, c.args...)
+		for _, want := range c.want {
+			if code != 0 || !strings.Contains(out, want) {
+				t.Errorf("%v: exit %d, output lacks %q", c.args, code, want)
+			}
+		}
+	}
+	if out, _, _ := restow(t, "status", name, "-o", "name"); strings.TrimSpace(out) != "storagemigration.migration.restow.dev/"+name {
+		t.Errorf("status -o name printed %q, want only the name", out)
+	}
+	if out, _, _ := restow(t, "status", name, "-o", "wide", "--no-headers"); strings.Contains(out, "NAME") {
+		t.Errorf("status --no-headers printed a header: %q", out)
+	}
+	if _, errOut, code := restow(t, "status", "-o", "xml"); code != 1 || !strings.Contains(errOut, "xml") {
+		t.Errorf("status -o xml exited %d (%q), want 1 naming the format", code, errOut)
+	}
+	if _, errOut, code := restow(t, "status", "nosuchmigration"); code != 1 || !strings.Contains(errOut, "not found") {
+		t.Errorf("status of a missing StorageMigration exited %d (%q), want 1 and not found", code, errOut)
+	}
+}
+
+// TestOneNamespace: -n limits plan's count and run's pass to one namespace,
+// and a run in one namespace rewrites only it and never prunes; -n with
+// --all-namespaces, or on a cluster-scoped resource, is refused.
+func TestOneNamespace(t *testing.T) {
+	fx := testenv.Fixture{Env: env, Group: "namespace.cli.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	// team-a holds objects 0, 3, 6...: 20 of 60; team-b the other 40.
+	fx.CreateObjects(t, "v1beta1", 60, func(i int) map[string]any { return map[string]any{"size": int64(i)} }, "team-a", "team-b", "team-b")
+	fx.SwitchStorage(t, "v1")
+
+	out, _, code := restow(t, "plan", "-n", "team-a", "-o", "json")
+	var plan struct {
+		Namespace string
+		Pending   []planEntry
+	}
+	if err := json.Unmarshal([]byte(out), &plan); code != 0 || err != nil {
+		t.Fatalf("plan -n team-a -o json: exit %d, %v", code, err)
+	}
+	i := slices.IndexFunc(plan.Pending, func(e planEntry) bool { return e.CRD == fx.CRDName() })
+	if plan.Namespace != "team-a" || i < 0 || plan.Pending[i].Objects == nil || *plan.Pending[i].Objects != 20 {
+		t.Errorf("plan -n team-a = %+v, want namespace team-a and 20 objects of %s", plan, fx.CRDName())
+	}
+
+	out, errOut, code := restow(t, "run", fx.CRDName(), "-n", "team-a", "--settle-window", "1s")
+	if code != 0 || !strings.Contains(out, "Rewriting "+fx.CRDName()+" in namespace team-a") || !strings.Contains(out, "20 objects in") ||
+		!strings.Contains(errOut, "will not be pruned") || strings.Contains(out, "Removed") {
+		t.Errorf("run -n team-a: exit %d; want 20 objects of team-a rewritten and a note that nothing is pruned", code)
+	}
+	fx.AssertStored(t, map[string]int{"v1": 20, "v1beta1": 40})
+	fx.AssertStoredVersions(t, "v1beta1", "v1")
+
+	if _, errOut, code := restow(t, "run", fx.CRDName(), "-n", "team-a", "-A"); code != 1 || !strings.Contains(errOut, "cannot be used together") {
+		t.Errorf("run -n -A exited %d (%q), want 1", code, errOut)
+	}
+	if _, errOut, code := restow(t, "run", "namespaces", "-n", "team-a", "--dry-run"); code != 1 || !strings.Contains(errOut, "cluster-scoped") {
+		t.Errorf("run namespaces -n exited %d (%q), want 1: namespaces are cluster-scoped", code, errOut)
+	}
+
+	out, _, code = restow(t, "run", fx.CRDName(), "--all-namespaces", "--settle-window", "1s")
+	if code != 0 || !strings.Contains(out, "40 re-encoded, 20 already stored") || !strings.Contains(out, "Removed [v1beta1]") {
+		t.Errorf("run -A: exit %d; want the other 40 re-encoded, team-a's 20 already stored, and the prune", code)
+	}
+	fx.AssertAllStoredAt(t, "v1", 60)
+	fx.AssertStoredVersions(t, "v1")
 }
