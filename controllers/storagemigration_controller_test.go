@@ -3,16 +3,20 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/controllers"
 )
 
 var tenNamespaces = []string{"ns-0", "ns-1", "ns-2", "ns-3", "ns-4", "ns-5", "ns-6", "ns-7", "ns-8", "ns-9"}
@@ -80,10 +84,11 @@ func TestClusterScopedCRD(t *testing.T) {
 
 // TestMissingResourceStallsThenRecovers: a StorageMigration for a resource
 // that does not exist is Stalled with reason Unsupported and recovers by
-// itself when the CRD appears.
+// itself when the CRD appears; every step is told by an event.
 func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	f := fixture{group: "late.controllers.restow.dev", kind: "Sprocket", plural: "sprockets"}
-	startManager(t, nil)
+	// A window long enough for status to show Settling.
+	startManagerWith(t, nil, controllers.Options{SettleWindow: 3 * time.Second})
 	sm := f.createMigration(t, nil)
 	sm = waitFor(t, sm.Name, 30*time.Second, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason))
 	assertHealth(t, sm, kstatus.FailedStatus)
@@ -101,6 +106,38 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
 	f.assertStored(t, "v1", 20)
 	f.assertStoredVersions(t, "v1")
+
+	// Each transition has its event, in order: the stall first; at the end
+	// the pass at v1, the settle window (told by the change of the Ready
+	// reason), the success and the prune. (Between them, depending on when
+	// the CRD became established, a wait and a pass at v1beta1.)
+	waitEvent(t, sm.Name, "Pruned")
+	got := eventReasons(t, sm.Name)
+	end := []string{"PassStarted", migrationv1alpha1.SettlingReason, migrationv1alpha1.SucceededReason, "Pruned"}
+	if len(got) < 5 || got[0] != migrationv1alpha1.UnsupportedReason || !slices.Equal(got[len(got)-4:], end) {
+		t.Errorf("events of %s: %v, want %s first and %v last", sm.Name, got, migrationv1alpha1.UnsupportedReason, end)
+	}
+}
+
+// eventReasons lists the reasons of a StorageMigration's events, oldest first.
+func eventReasons(t *testing.T, name string) []string {
+	t.Helper()
+	var list eventsv1.EventList
+	if err := env.Client.List(t.Context(), &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
+		t.Fatal(err)
+	}
+	var events []eventsv1.Event
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "StorageMigration" && e.Regarding.Name == name {
+			events = append(events, e)
+		}
+	}
+	slices.SortFunc(events, func(a, b eventsv1.Event) int { return a.EventTime.Compare(b.EventTime.Time) })
+	reasons := make([]string, 0, len(events))
+	for _, e := range events {
+		reasons = append(reasons, e.Reason)
+	}
+	return reasons
 }
 
 // TestBuiltInResourceReRunOnRequest: a StorageMigration for a built-in
