@@ -12,6 +12,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -116,6 +117,19 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	end := []string{"PassStarted", migrationv1alpha1.SettlingReason, migrationv1alpha1.SucceededReason, "Pruned"}
 	if len(got) < 5 || got[0] != migrationv1alpha1.UnsupportedReason || !slices.Equal(got[len(got)-4:], end) {
 		t.Errorf("events of %s: %v, want %s first and %v last", sm.Name, got, migrationv1alpha1.UnsupportedReason, end)
+	}
+	// kubectl events -n default --for storagemigration/NAME finds them: it
+	// lists core/v1 events with this field selector (k8s.io/kubectl's events
+	// command).
+	var core corev1.EventList
+	if err := env.Client.List(t.Context(), &core, client.InNamespace(metav1.NamespaceDefault), client.MatchingFieldsSelector{Selector: fields.AndSelectors(
+		fields.OneTermEqualSelector("involvedObject.kind", "StorageMigration"),
+		fields.OneTermEqualSelector("involvedObject.apiVersion", migrationv1alpha1.GroupVersion.String()),
+		fields.OneTermEqualSelector("involvedObject.name", sm.Name))}); err != nil {
+		t.Fatal(err)
+	}
+	if len(core.Items) != len(got) {
+		t.Errorf("kubectl events' selector found %d events of %s, want %d", len(core.Items), sm.Name, len(got))
 	}
 }
 

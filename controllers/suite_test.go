@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -156,10 +157,19 @@ func (f fixture) slowPassUnderWay(t *testing.T, mutate func(*migrationv1alpha1.S
 func waitFor(t *testing.T, name string, timeout time.Duration, what string, done func(*migrationv1alpha1.StorageMigration) bool) *migrationv1alpha1.StorageMigration {
 	t.Helper()
 	sm := &migrationv1alpha1.StorageMigration{}
+	seen := ""
 	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
 			// It may not exist yet: the automatic trigger creates it.
 			return false, client.IgnoreNotFound(err)
+		}
+		// Log the status a user sees at each change of its Ready condition
+		// (docs/troubleshooting.md quotes these lines).
+		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c != nil {
+			if now := fmt.Sprintf("Ready=%s %s: %s", c.Status, c.Reason, c.Message); now != seen {
+				seen = now
+				t.Logf("StorageMigration %s: %s", name, now)
+			}
 		}
 		return done(sm), nil
 	})

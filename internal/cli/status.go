@@ -104,7 +104,8 @@ change until interrupted.`,
 		},
 	}
 	o.print.AddFlags(cmd)
-	cmd.Flags().Lookup("output").Usage = "Output format: one of (json, yaml, name, wide, jsonpath, jsonpath-as-json, jsonpath-file, go-template, go-template-file, template, templatefile). The default is a table, or a description for one NAME."
+	cmd.Flags().Lookup("output").Usage = fmt.Sprintf("Output format: one of (%s). The default is a table, or a description for one NAME.",
+		strings.Join(append([]string{"wide"}, o.print.AllowedFormats()...), ", "))
 	cmd.Flags().BoolVar(&o.noHeaders, "no-headers", false, "Print the table without its header line.")
 	cmd.Flags().BoolVarP(&o.watch, "watch", "w", false, "After the current state, print a line for every change, until interrupted.")
 	return cmd
