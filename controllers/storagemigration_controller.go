@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -286,7 +287,13 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	why := passNeeded(sm, target)
 	if why == "" {
 		sm.Status.ObservedGeneration = sm.Generation
-		return ready(fmt.Sprintf("All objects are stored at %s", target.TargetVersion())), 0
+		msg := fmt.Sprintf("All objects are stored at %s", target.TargetVersion())
+		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c != nil && c.Status == metav1.ConditionTrue &&
+			c.ObservedGeneration == sm.Generation && strings.HasSuffix(c.Message, " stored at "+target.TargetVersion()) {
+			// Keep the last pass's count ("All 200 objects are ...").
+			msg = c.Message
+		}
+		return ready(msg), 0
 	}
 	return r.startPass(ctx, sm, target, why), r.StatusInterval
 }

@@ -150,6 +150,7 @@ func eventReasons(t *testing.T, name string) []string {
 	reasons := make([]string, 0, len(events))
 	for _, e := range events {
 		reasons = append(reasons, e.Reason)
+		t.Logf("event of %s: %s %s: %s", name, e.Type, e.Reason, e.Note)
 	}
 	return reasons
 }

@@ -86,7 +86,8 @@ func judge(target migrator.Target, state passState, now time.Time) verdict {
 	msg := fmt.Sprintf("All %d objects are stored at %s", summary.Listed, version)
 	return verdict{outcome: ready(msg), result: "succeeded", summary: summary,
 		eventType: corev1.EventTypeNormal, eventReason: migrationv1alpha1.SucceededReason, eventAction: "Migrate",
-		eventMessage: fmt.Sprintf("%s (%d rewritten, %d changed by others meanwhile, %d rewritten again after the settle window)", msg, summary.Migrated, summary.Skipped, summary.Rechecked)}
+		eventMessage: fmt.Sprintf("%s (%d re-encoded, %d already stored, %d changed by others meanwhile, %d rewritten again after the settle window)",
+			msg, summary.Migrated, summary.AlreadyStored, summary.Skipped, summary.Rechecked)}
 }
 
 // passUnderWay says what a running pass is doing.
