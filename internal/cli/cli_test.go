@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,8 +14,10 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -301,6 +305,7 @@ func TestMigrateWait(t *testing.T) {
 		t.Errorf("status: exit %d, want a Current row for %s with its progress and last pass", code, w.crdName())
 	}
 	assertStatusOutputs(t, w.crdName())
+	assertPrinterColumns(t, w.crdName())
 	out, _, _ = restow(t, "status", "-o", "yaml")
 	var list migrationv1alpha1.StorageMigrationList
 	if err := yaml.Unmarshal([]byte(out), &list); err != nil || !slices.ContainsFunc(list.Items, func(sm migrationv1alpha1.StorageMigration) bool {
@@ -436,4 +441,52 @@ func TestOneNamespace(t *testing.T) {
 	}
 	fx.AssertAllStoredAt(t, "v1", 60)
 	fx.AssertStoredVersions(t, "v1")
+}
+
+// assertPrinterColumns asks the API server for the table kubectl get
+// storagemigrations prints: READY, STATUS and AGE by default; RESOURCE,
+// GROUP, TARGET, PROGRESS and REASON with -o wide (priority 1).
+func assertPrinterColumns(t *testing.T, name string) {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, strings.TrimSuffix(env.Config.Host, "/")+"/apis/migration.restow.dev/v1alpha1/storagemigrations/"+name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table metav1.Table
+	if err := json.Unmarshal(body, &table); err != nil || len(table.Rows) != 1 {
+		t.Fatalf("the table of %s (%s): %s, %v: %s", name, req.URL, resp.Status, err, body)
+	}
+	var byDefault, wide []string
+	cells := map[string]any{}
+	for i, c := range table.ColumnDefinitions {
+		if c.Priority == 0 {
+			byDefault = append(byDefault, c.Name)
+		} else {
+			wide = append(wide, c.Name)
+		}
+		cells[c.Name] = table.Rows[0].Cells[i]
+	}
+	if want := []string{"Name", "Ready", "Status", "Age"}; !slices.Equal(byDefault, want) {
+		t.Errorf("kubectl get columns = %v, want %v", byDefault, want)
+	}
+	if want := []string{"Resource", "Group", "Target", "Progress", "Reason"}; !slices.Equal(wide, want) {
+		t.Errorf("kubectl get -o wide adds %v, want %v", wide, want)
+	}
+	if cells["Ready"] != "True" || cells["Status"] != "All 400 objects are stored at v1" || cells["Progress"] != "400/400" || cells["Target"] != "v1" {
+		t.Errorf("kubectl get row = %v, want Ready True, the Ready message, progress 400/400 and target v1", cells)
+	}
 }
