@@ -15,10 +15,13 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
@@ -67,6 +70,11 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 	cfg.WrapTransport = scanResponses([][]byte{[]byte(canary), []byte(base64.StdEncoding.EncodeToString([]byte(canary)))}, &leaked, &scanned)
 	assertScannerCatches(t, canary)
 
+	// A webhook that, on the service account's first rewrite of one
+	// crontab, writes that crontab as someone else: the rewrite answers 409
+	// for a real change, which restow confirms with the verbs it holds.
+	touched := conflictOnce(t, crontabs, "obj-00007", user)
+
 	t.Run("migrates a CRD and Secrets as the service account", func(t *testing.T) {
 		stop := operator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
 		defer stop()
@@ -80,9 +88,12 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secretsMigration) })
 
-		waitCondition(t, crontabs.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+		crontabsMigration := waitCondition(t, crontabs.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
 		crontabs.assertAllStoredAt(t, "v1")
 		crontabs.assertStoredVersions(t, "v1")
+		if last := crontabsMigration.Status.LastPass; !touched.Load() || last == nil || last.Skipped < 1 || last.Failed != 0 {
+			t.Errorf("crontabs' last pass = %+v (conflict made: %v), want the conflicted object counted as changed by others, none failed", last, touched.Load())
+		}
 		sm := waitCondition(t, "secrets", migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
 		// Every Secret was patched, and found already stored: the API
 		// server skips the etcd write when the encoding is unchanged, as
@@ -335,4 +346,30 @@ func deleteMigration(t *testing.T, name string) {
 	if err := client.IgnoreNotFound(env.Client.Delete(context.Background(), sm)); err != nil {
 		t.Error(err)
 	}
+}
+
+// conflictOnce registers an admission webhook that, on user's first update
+// of the crontab name, writes that crontab as the test's administrator
+// before allowing the update, so the update answers 409 Conflict. It reports
+// whether it did.
+func conflictOnce(t *testing.T, c crd, name, user string) *atomic.Bool {
+	t.Helper()
+	ctx := t.Context()
+	obj := c.Object("v1beta1", "rbac-"+c.Plural, name, nil)
+	label := map[string]string{"restow.dev/conflict": "true"}
+	if err := env.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"restow.dev/conflict":"true"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	var done atomic.Bool
+	hook := testenv.StartAdmissionWebhook(t, func(req *admissionv1.AdmissionRequest, _, _ *unstructured.Unstructured) *admissionv1.AdmissionResponse {
+		if req.UserInfo.Username == user && done.CompareAndSwap(false, true) {
+			patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"restow.dev/touched":"true"}}}`))
+			if err := env.Client.Patch(context.Background(), c.Object("v1beta1", req.Namespace, req.Name, nil), patch); err != nil {
+				t.Errorf("the webhook's own write: %v", err)
+			}
+		}
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	})
+	hook.Register(t, env, c.Group, c.Plural, label, obj)
+	return &done
 }

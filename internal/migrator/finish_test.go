@@ -140,19 +140,3 @@ func TestVersionWithHash(t *testing.T) {
 		t.Errorf("versionWithHash without a hash = %q, want \"\"", got)
 	}
 }
-
-// Only a NotFound that names the object proves it gone: an API server that
-// does not serve the version yet answers a bare 404.
-func TestNamesObject(t *testing.T) {
-	gr := schema.GroupResource{Group: "example.com", Resource: "widgets"}
-	if !namesObject(apierrors.NewNotFound(gr, "w-1"), "w-1") {
-		t.Error("a NotFound naming the object does not count")
-	}
-	if namesObject(apierrors.NewNotFound(gr, "w-2"), "w-1") {
-		t.Error("a NotFound naming another object counts")
-	}
-	bare := apierrors.NewGenericServerResponse(404, "get", gr, "", "the server could not find the requested resource", 0, false)
-	if !apierrors.IsNotFound(bare) || namesObject(bare, "w-1") {
-		t.Errorf("a bare 404 (%v) counts as naming the object", bare)
-	}
-}

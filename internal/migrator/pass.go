@@ -12,6 +12,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -569,9 +570,9 @@ func (mg *migration) failsAlone(ctx context.Context, successesBefore int64) bool
 
 // rewriteObject patches obj and confirms what a 409 or 404 means. Neither
 // proves anything by itself: an admission webhook may answer either, and a
-// missing subresource answers 404. A metadata GET tells: the object is gone
-// (skipped), it changed since listed (skipped: the re-check after the
-// settle window covers the change, and a re-read re-points stale
+// missing subresource answers 404. A look at the object (lookup) tells: it
+// is gone (skipped), it changed since listed (skipped: the re-check after
+// the settle window covers the change, and a re-read re-points stale
 // managedFields), or it is unchanged, so the answer came from elsewhere and
 // the object counts as failed.
 func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjectMetadata) (outcome, error) {
@@ -590,25 +591,19 @@ func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjec
 			return classify(err), err
 		}
 		var fresh *metav1.PartialObjectMetadata
-		getErr := mg.retryTransient(ctx, func() error {
+		lookErr := mg.retryTransient(ctx, func() error {
 			var err error
-			fresh, err = mg.client(obj.Namespace).Get(ctx, obj.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) && !namesObject(err, obj.Name) {
-				// A 404 that names no object comes from an API server that
-				// does not serve this version yet (HA, starting up), or a
-				// proxy: it proves nothing about the object.
-				return apierrors.NewServiceUnavailable("the API server answered 404 without naming the object: " + Message(err))
-			}
+			fresh, err = mg.lookup(ctx, current)
 			return err
 		})
 		switch {
-		case apierrors.IsNotFound(getErr):
-			return skipped, err
-		case getErr != nil && classify(getErr) == transient:
-			return transient, getErr
-		case getErr != nil:
+		case lookErr != nil && classify(lookErr) == transient:
+			return transient, lookErr
+		case lookErr != nil:
 			// Any other answer is no proof that the object changed.
-			return permanent, getErr
+			return permanent, lookErr
+		case fresh == nil:
+			return skipped, err
 		case fresh.UID == current.UID && fresh.ResourceVersion == current.ResourceVersion:
 			return permanent, unconfirmed(err)
 		case changed >= maxChangedRetries || !mg.staleManagedFields(fresh):
@@ -618,19 +613,30 @@ func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjec
 	}
 }
 
-// namesObject reports whether a NotFound is about the object name: a GET of
-// an object that is gone says so in its details.
-func namesObject(err error, name string) bool {
-	var status apierrors.APIStatus
-	if !errors.As(err, &status) {
-		return false
+// lookup reads obj's metadata as it is now, or nil when it is gone. It lists
+// with a field selector on the name rather than getting the object, so a
+// migration needs no get permission (list and patch are enough, and the
+// list, like the pass's, is metadata only). A list that answers 404 comes
+// from an API server that does not serve this version (yet: HA, starting
+// up) or from a proxy, and proves nothing about the object: it is transient.
+func (mg *migration) lookup(ctx context.Context, obj *metav1.PartialObjectMetadata) (*metav1.PartialObjectMetadata, error) {
+	list, err := mg.client(obj.Namespace).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", obj.Name).String()})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, apierrors.NewServiceUnavailable("listing the object by name answered 404: " + Message(err))
+	case err != nil:
+		return nil, err
 	}
-	details := status.Status().Details
-	return details != nil && details.Name == name
+	for i := range list.Items {
+		if list.Items[i].Name == obj.Name {
+			return &list.Items[i], nil
+		}
+	}
+	return nil, nil
 }
 
-// unconfirmed rewords a 409 or 404 that a GET showed not to be about the
-// object, keeping its code and reason.
+// unconfirmed rewords a 409 or 404 that a look at the object showed not to
+// be about it, keeping its code and reason.
 func unconfirmed(err error) error {
 	var status apierrors.APIStatus
 	if !errors.As(err, &status) {
