@@ -201,7 +201,7 @@ func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migratio
 	v := judge(p.target, state, time.Now())
 	requeueAfter := r.record(ctx, sm, p, state, v)
 	if v.eventReason != "" {
-		v.outcome = v.outcome.withEvent()
+		v.outcome = v.withEvent()
 	}
 	switch {
 	case p.generation != sm.Generation && v.phase != phaseStalled:

@@ -48,3 +48,4 @@ CGO_ENABLED=0 go build -trimpath -ldflags "${ldflags}" -o "${out}/kube-apiserver
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${out}/etcd.tmp" go.etcd.io/etcd/server/v3
 mv "${out}/kube-apiserver.tmp" "${out}/kube-apiserver"
 mv "${out}/etcd.tmp" "${out}/etcd"
+echo "Built kube-apiserver v${version} and etcd in ${SECONDS}s"

@@ -60,15 +60,16 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.leaderElectNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the pod's namespace.")
 	// Longer than client-go's 15/10/2 s, as cert-manager's 60/40 s: a
 	// single API server restarting (a control plane upgrade, often when CRDs
-	// change) is down for 15 to 30 s, and a leader that cannot renew within
-	// the deadline exits. A migration can wait the longer failover.
+	// change) is down for tens of seconds (e2e TestAPIServerRestartMidPass
+	// restarts one mid-pass), and a leader that cannot renew within the
+	// deadline exits. A migration can wait the longer failover.
 	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 60*time.Second, "How long a replica waits before taking over a lease its holder stopped renewing.")
 	fs.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 40*time.Second, "How long the leader keeps trying to renew its lease (through an API server outage) before it gives up and exits.")
 	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 5*time.Second, "How often replicas try to acquire or renew the lease.")
 	// Rewriting objects in bulk needs more than client-go's 5/10 or
 	// controller-runtime's 20/30. 1000/2000 is a safety net against a
 	// runaway loop, above what one API server takes (docs/benchmarks.md:
-	// 200/s held the operator to 0.39x the API server's pace); API Priority
+	// 200/s held the operator to 0.38x the API server's pace); API Priority
 	// and Fairness does the throttling (config/flowcontrol).
 	fs.Float64Var(&o.qps, "kube-api-qps", 1000, "Client-side rate limit on requests to the API server, per second.")
 	fs.IntVar(&o.burst, "kube-api-burst", 2000, "Client-side burst of requests to the API server.")

@@ -18,7 +18,7 @@ func TestFlagTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
+	names := make([]string, 0, len(documented))
 	for _, d := range documented {
 		names = append(names, d.Name)
 		f := fs.Lookup(d.Name)

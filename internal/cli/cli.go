@@ -136,9 +136,11 @@ func (f *factory) clients() (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A pass sends a request per object; kubectl's 5 per second would
-	// make it crawl. The API server's priority and fairness still applies.
-	cfg.QPS, cfg.Burst = 200, 400
+	// A pass sends a request per object; kubectl's 5 per second would make
+	// it crawl, and 200 held the manager to 0.38x of the API server's pace
+	// (docs/benchmarks.md, Tuning). As the manager's: a safety net only;
+	// the API server's priority and fairness does the throttling.
+	cfg.QPS, cfg.Burst = 1000, 2000
 	mapper, err := f.flags.ToRESTMapper()
 	if err != nil {
 		return nil, err

@@ -24,7 +24,7 @@ func TestFlagTables(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var names []string
+			names := make([]string, 0, len(documented))
 			for _, d := range documented {
 				names = append(names, d.Name)
 				f := cmd.LocalFlags().Lookup(d.Name)

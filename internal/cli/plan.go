@@ -20,8 +20,8 @@ import (
 )
 
 // defaultAssumedRate is the pass throughput plan assumes for a migration
-// that is not running: the manager's default pass did 537 and 515 objects/s
-// over 10,000 objects on a 2-core test control plane (docs/benchmarks.md,
+// that is not running: the manager's default pass did 537 objects/s over
+// 10,000 objects on a 2-core test control plane (docs/benchmarks.md,
 // "Against the targets").
 const defaultAssumedRate = 500
 

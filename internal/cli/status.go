@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -26,9 +27,8 @@ import (
 // The state words are kstatus's, as kubectl wait, Flux and Argo CD read
 // the same conditions.
 var (
-	stateCurrent    = kstatus.CurrentStatus.String()
-	stateInProgress = kstatus.InProgressStatus.String()
-	stateFailed     = kstatus.FailedStatus.String()
+	stateCurrent = kstatus.CurrentStatus.String()
+	stateFailed  = kstatus.FailedStatus.String()
 )
 
 // stateOf reads the state of a StorageMigration as kstatus computes it from
@@ -165,7 +165,7 @@ func (o *statusOptions) watchStatus(ctx context.Context, c *clients, streams gen
 		headers = false
 		return false, err
 	})
-	if ctx.Err() != nil {
+	if errors.Is(err, context.Canceled) {
 		// Interrupted, as kubectl get --watch ends.
 		return nil
 	}

@@ -60,8 +60,9 @@ func (e *ControlPlane) restartAPIServer(ctx context.Context, down time.Duration,
 		_, err := os.Stat(filepath.Join("/proc", pid))
 		return errors.Is(err, os.ErrNotExist), nil
 	}
-	// As the kubelet does: SIGKILL when the grace period is over. Here
-	// kube-apiserver's graceful shutdown took 16 to 44 s.
+	// As the kubelet does: SIGKILL when the grace period is over.
+	// kube-apiserver's graceful shutdown (its shutdown-delay and the
+	// draining of long requests) can take longer than that here.
 	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, APIServerShutdownGrace, true, gone); err != nil {
 		_ = syscall.Kill(n, syscall.SIGKILL)
 		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, gone); err != nil {

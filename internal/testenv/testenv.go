@@ -7,6 +7,7 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -67,10 +68,17 @@ func Main(m *testing.M, opts Options, env **Env) {
 		// to say no logger was set.
 		ctrllog.SetLogger(logr.Discard())
 	}
+	start := time.Now()
 	started, err := controlplane.Start(controlplane.Options{CRDDirectoryPaths: opts.CRDDirectoryPaths, APIServerArgs: opts.APIServerArgs})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
 		os.Exit(1)
+	}
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if testing.Verbose() {
+		fmt.Fprintf(os.Stderr, "testenv: etcd and kube-apiserver started in %s\n", time.Since(start).Round(100*time.Millisecond))
 	}
 	*env = &Env{ControlPlane: started}
 	code := m.Run()
