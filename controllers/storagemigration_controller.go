@@ -156,6 +156,12 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	}()
 
 	out, requeueAfter := r.reconcile(ctx, sm)
+	if out.phase == phaseReconciling && reRunRequested(sm) {
+		// Say at once that the request was seen (kubectl restow migrate
+		// --wait takes a status change as the operator's answer); the
+		// token is handled when its pass starts.
+		out.message += ". A re-run was requested: it starts when this one ends"
+	}
 	r.announceTransition(sm, original, out)
 	setConditions(&sm.Status, out, sm.Generation)
 	sm.Status.ProgressSummary = progressSummary(&sm.Status)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"flag"
-	"slices"
 	"testing"
 
 	"github.com/restow/restow/internal/doccheck"
@@ -18,20 +17,9 @@ func TestFlagTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := make([]string, 0, len(documented))
-	for _, d := range documented {
-		names = append(names, d.Name)
-		f := fs.Lookup(d.Name)
-		switch {
-		case f == nil:
-			t.Errorf("docs/operations.md documents --%s, which the manager does not have", d.Name)
-		case d.Default != f.DefValue && (d.Default != "" || f.DefValue != ""):
-			t.Errorf("docs/operations.md gives --%s a default of %q; the manager's is %q", d.Name, d.Default, f.DefValue)
-		}
+	var defined []doccheck.Flag
+	fs.VisitAll(func(f *flag.Flag) { defined = append(defined, doccheck.Flag{Name: f.Name, Default: f.DefValue}) })
+	for _, p := range doccheck.Compare("docs/operations.md", documented, defined) {
+		t.Error(p)
 	}
-	fs.VisitAll(func(f *flag.Flag) {
-		if !slices.Contains(names, f.Name) {
-			t.Errorf("docs/operations.md does not document --%s (%s)", f.Name, f.Usage)
-		}
-	})
 }

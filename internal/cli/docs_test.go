@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"slices"
 	"testing"
 
 	"github.com/spf13/pflag"
@@ -24,24 +23,15 @@ func TestFlagTables(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			names := make([]string, 0, len(documented))
-			for _, d := range documented {
-				names = append(names, d.Name)
-				f := cmd.LocalFlags().Lookup(d.Name)
-				switch {
-				case f == nil:
-					t.Errorf("docs/cli.md documents --%s, which %s does not have", d.Name, cmd.Name())
-				case d.Shorthand != f.Shorthand:
-					t.Errorf("docs/cli.md gives --%s the shorthand %q; %s's is %q", d.Name, d.Shorthand, cmd.Name(), f.Shorthand)
-				case d.Default != f.DefValue && (d.Default != "" || f.DefValue != ""):
-					t.Errorf("docs/cli.md gives --%s a default of %q; %s's is %q", d.Name, d.Default, cmd.Name(), f.DefValue)
-				}
-			}
+			var defined []doccheck.Flag
 			cmd.LocalFlags().VisitAll(func(f *pflag.Flag) {
-				if f.Name != "help" && !slices.Contains(names, f.Name) {
-					t.Errorf("docs/cli.md does not document %s --%s (%s)", cmd.Name(), f.Name, f.Usage)
+				if f.Name != "help" {
+					defined = append(defined, doccheck.Flag{Name: f.Name, Shorthand: f.Shorthand, Default: f.DefValue})
 				}
 			})
+			for _, p := range doccheck.Compare("docs/cli.md, "+cmd.Name(), documented, defined) {
+				t.Error(p)
+			}
 		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -71,7 +72,7 @@ func settled(sm *migrationv1alpha1.StorageMigration) Outcome {
 
 // migrationWatch lists and watches the StorageMigration name, or all of
 // them when name is "".
-func migrationWatch(c client.WithWatch, name string) cache.ListerWatcher {
+func migrationWatch(c client.WithWatch, name string) *cache.ListWatch {
 	narrow := func(opts metav1.ListOptions) *client.ListOptions {
 		if name != "" {
 			opts.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
@@ -98,7 +99,16 @@ var errDeleted = errors.New("it was deleted")
 // ends. A StorageMigration that does not exist yet is waited for. It
 // returns ctx's error when ctx ended first.
 func watchMigration(ctx context.Context, c client.WithWatch, name string, fn func(watch.EventType, *migrationv1alpha1.StorageMigration) (bool, error)) error {
-	_, err := watchtools.UntilWithSync(ctx, migrationWatch(c, name), &migrationv1alpha1.StorageMigration{}, nil, func(ev watch.Event) (bool, error) {
+	lw := migrationWatch(c, name)
+	// The informer retries a failing list forever: list once first, so a
+	// missing API or a refusal (RBAC) ends the command with its error.
+	if _, err := lw.ListWithContext(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+		if meta.IsNoMatchError(err) {
+			return errNotInstalled
+		}
+		return err
+	}
+	_, err := watchtools.UntilWithSync(ctx, lw, &migrationv1alpha1.StorageMigration{}, nil, func(ev watch.Event) (bool, error) {
 		sm, ok := ev.Object.(*migrationv1alpha1.StorageMigration)
 		if !ok {
 			return false, fmt.Errorf("watching StorageMigrations: unexpected %T", ev.Object)

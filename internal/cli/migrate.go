@@ -139,8 +139,10 @@ func waitForOperator(ctx context.Context, c *clients, asked *migrationv1alpha1.S
 	switch {
 	case err == nil:
 		return nil
-	case ctx.Err() != nil:
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return &exitError{code: ExitTimeout, err: fmt.Errorf("timed out waiting for StorageMigration %s: no restow operator answered yet", asked.Name)}
+	case ctx.Err() != nil:
+		return ctx.Err()
 	case errors.Is(err, context.DeadlineExceeded):
 		return &exitError{code: ExitNoOperator, err: fmt.Errorf(
 			"no restow operator answered StorageMigration %s within %s (its status did not change): is the operator running? "+

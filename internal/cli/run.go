@@ -147,7 +147,7 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 			bar.set(p.Done(), estimate)
 			return
 		}
-		if p.Phase != phase && p.Phase == migrator.PhaseSettling {
+		if p.Phase != phase && p.Phase == migrator.PhaseSettling && opts.prune && !target.Partial() {
 			bar.set(p.Done(), p.Listed)
 			bar.finish()
 			fmt.Fprintf(streams.ErrOut, "Settling: waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Format(time.TimeOnly))

@@ -104,3 +104,34 @@ func parseRow(line string) ([]Flag, error) {
 	}
 	return flags, nil
 }
+
+// Compare lists how a doc's flag table differs from the flags a program
+// defines: flags it documents that do not exist, flags it leaves out, and
+// shorthands and defaults it gives wrongly. A default the table leaves
+// empty matches an empty default.
+func Compare(doc string, documented, defined []Flag) []string {
+	var problems []string
+	byName := map[string]Flag{}
+	for _, f := range defined {
+		byName[f.Name] = f
+	}
+	seen := map[string]bool{}
+	for _, d := range documented {
+		seen[d.Name] = true
+		f, ok := byName[d.Name]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("%s documents --%s, which does not exist", doc, d.Name))
+		case d.Shorthand != f.Shorthand:
+			problems = append(problems, fmt.Sprintf("%s gives --%s the shorthand %q; it is %q", doc, d.Name, d.Shorthand, f.Shorthand))
+		case d.Default != f.Default && (d.Default != "" || f.Default != ""):
+			problems = append(problems, fmt.Sprintf("%s gives --%s a default of %q; it is %q", doc, d.Name, d.Default, f.Default))
+		}
+	}
+	for _, f := range defined {
+		if !seen[f.Name] {
+			problems = append(problems, fmt.Sprintf("%s does not document --%s", doc, f.Name))
+		}
+	}
+	return problems
+}

@@ -75,6 +75,9 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 		if mg.result().Failed > 0 || target.CRD == nil {
 			return mg.result(), nil
 		}
+		// The first pass is over: a checkpoint taken from now on resumes
+		// here, also when reading the CRD below fails.
+		mg.setPhase(PhaseSettling)
 	}
 	if target.CRD == nil {
 		return mg.result(), nil
@@ -85,10 +88,6 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 		// storedVersions, a pass over one namespace proves nothing about
 		// the others, and [target] holds no other version.
 		return mg.result(), err
-	}
-	if mg.progress().Phase == PhaseRewriting {
-		// The first pass is over: a checkpoint taken from now on resumes here.
-		mg.setPhase(PhaseSettling)
 	}
 	if err := mg.settle(ctx); err != nil {
 		return mg.result(), err

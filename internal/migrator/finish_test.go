@@ -83,6 +83,10 @@ func TestCheckpointResumes(t *testing.T) {
 	if (*Checkpoint)(nil).Resumes(target) {
 		t.Error("a nil checkpoint resumes")
 	}
+	oneNamespace := Target{Namespaced: true, Namespace: "team-a", CRD: target.CRD}
+	if (&base).Resumes(oneNamespace) {
+		t.Error("a migration limited to one namespace resumes")
+	}
 	builtIn := Target{Resource: schema.GroupVersionResource{Version: "v1", Resource: "secrets"}}
 	if !(&Checkpoint{StartTime: time.Now(), TargetVersion: "v1"}).Resumes(builtIn) {
 		t.Error("a built-in resource's checkpoint does not resume")

@@ -17,9 +17,11 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/testenv"
@@ -150,6 +152,60 @@ func TestMigrateOneNamespaceThenAll(t *testing.T) {
 	if sent := patches.Load() - before; sent != 200 {
 		t.Errorf("again: %d patches, want 200", sent)
 	}
+}
+
+// TestMigrateResumesAfterTheFirstPass: when reading the CRD fails just after
+// the first pass, the checkpoint says the first pass is over, and the resumed
+// migration goes on to the finish without rewriting or counting any object
+// again.
+func TestMigrateResumesAfterTheFirstPass(t *testing.T) {
+	fx := switched(t, "afterpass.migrator.restow.dev", 200)
+	m, patches := newMigrator(t)
+	target := resolve(t, m, fx)
+	reader := &failOnce{Reader: m.Reader}
+	m.Reader = reader
+	var last migrator.Progress
+	var mu sync.Mutex
+	opts := migrator.Options{Prune: true, SettleWindow: time.Second}
+	_, err := m.Migrate(t.Context(), target, opts, func(p migrator.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		last = p
+	})
+	if err == nil || !reader.failed.Load() {
+		t.Fatalf("Migrate = %v, want the injected error from reading the CRD", err)
+	}
+	checkpoint := last.Checkpoint
+	if checkpoint.Phase != migrator.PhaseSettling || checkpoint.Listed != 200 {
+		t.Fatalf("checkpoint after the first pass: phase %s, %d listed; want Settling, 200", checkpoint.Phase, checkpoint.Listed)
+	}
+	before := patches.Load()
+	opts.Resume = &checkpoint
+	result, err := m.Migrate(t.Context(), resolve(t, m, fx), opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Listed != 200 || result.Done() != 200 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
+		t.Errorf("resumed result = %+v, want 200 listed and done once, v1beta1 pruned", result)
+	}
+	if sent := patches.Load() - before; sent != 0 {
+		t.Errorf("the resumed migration sent %d patches, want none: the first pass was over", sent)
+	}
+	fx.AssertAllStoredAt(t, "v1", 200)
+	fx.AssertStoredVersions(t, "v1")
+}
+
+// failOnce fails its first read of a CRD.
+type failOnce struct {
+	client.Reader
+	failed atomic.Bool
+}
+
+func (r *failOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*apiextensionsv1.CustomResourceDefinition); ok && r.failed.CompareAndSwap(false, true) {
+		return apierrors.NewServiceUnavailable("injected: reading the CRD failed")
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
 }
 
 // TestMigrateResumes: a migration cancelled part-way resumes from the

@@ -148,7 +148,9 @@ type Checkpoint struct {
 // the same generation: only then may a migration go on from it. Otherwise
 // pages it passed may hold objects written at another version since.
 func (cp *Checkpoint) Resumes(target Target) bool {
-	if cp == nil || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() {
+	// A migration limited to one namespace never resumes: its token would
+	// skip the namespaces before it in a migration of the whole resource.
+	if cp == nil || target.Partial() || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() {
 		return false
 	}
 	if target.CRD == nil {
