@@ -8,10 +8,7 @@ import (
 	"os"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,10 +16,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/logging"
 	"github.com/restow/restow/internal/migrator"
+	restowscheme "github.com/restow/restow/internal/scheme"
 )
 
 type options struct {
@@ -119,11 +116,9 @@ func run(args []string) error {
 	}
 	ctrl.SetLogger(log)
 
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, migrationv1alpha1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			return err
-		}
+	scheme, err := restowscheme.New()
+	if err != nil {
+		return err
 	}
 
 	cfg, err := loadConfig(opts.kubeconfig)

@@ -10,19 +10,17 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/discovery"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/metadata"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
+	restowscheme "github.com/restow/restow/internal/scheme"
 )
 
 // Exit codes, beyond 0 for success and 1 for an error.
@@ -110,17 +108,6 @@ func addAllNamespacesFlag(cmd *cobra.Command, all *bool) {
 	cmd.Flags().BoolVarP(all, "all-namespaces", "A", false, "Cover every namespace (the default unless -n/--namespace is given).")
 }
 
-// scheme knows the types the plugin reads and prints.
-func scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, migrationv1alpha1.AddToScheme} {
-		if err := add(s); err != nil {
-			return nil, err
-		}
-	}
-	return s, nil
-}
-
 // clients reach one cluster: an uncached client for restow's and
 // apiextensions' types, one that also watches, and the migrator the operator
 // uses.
@@ -145,7 +132,7 @@ func (f *factory) clients() (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	scheme, err := scheme()
+	scheme, err := restowscheme.New()
 	if err != nil {
 		return nil, err
 	}

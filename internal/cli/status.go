@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	restowscheme "github.com/restow/restow/internal/scheme"
 )
 
 // The state words are kstatus's, as kubectl wait, Flux and Argo CD read
@@ -65,7 +66,7 @@ type statusOptions struct {
 }
 
 func newStatusCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
-	s, err := scheme()
+	s, err := restowscheme.New()
 	if err != nil {
 		panic(err)
 	}

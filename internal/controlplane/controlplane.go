@@ -14,14 +14,12 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	restowscheme "github.com/restow/restow/internal/scheme"
 )
 
 // Options configure the control plane.
@@ -56,15 +54,9 @@ func Start(opts Options) (*ControlPlane, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, errors.New("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, or run `make envtest-assets` and export the directory it prints")
 	}
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme,
-		apiextensionsv1.AddToScheme,
-		migrationv1alpha1.AddToScheme,
-	} {
-		if err := add(scheme); err != nil {
-			return nil, err
-		}
+	scheme, err := restowscheme.New()
+	if err != nil {
+		return nil, err
 	}
 	environment := &envtest.Environment{
 		Scheme:                scheme,
