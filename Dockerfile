@@ -2,6 +2,7 @@
 FROM golang:1.26 AS builder
 ARG TARGETOS
 ARG TARGETARCH
+ARG VERSION=v0.1.0-dev
 WORKDIR /workspace
 COPY go.mod go.sum ./
 RUN go mod download
@@ -9,7 +10,7 @@ COPY api/ api/
 COPY cmd/ cmd/
 COPY controllers/ controllers/
 COPY internal/ internal/
-RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager ./cmd/manager
+RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w -X github.com/restow/restow/internal/version.Version=${VERSION}" -o manager ./cmd/manager
 
 # distroless: no shell, no package manager, non-root.
 FROM gcr.io/distroless/static:nonroot

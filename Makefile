@@ -20,7 +20,13 @@ ENVTEST_ASSETS ?= $(call envtest_assets,$(K8S_VERSION))
 
 # Packages with tests: everything but e2e, which has its own build tag and target.
 GO_TEST_FLAGS ?= -race -count=1
-IMG ?= restow:dev
+# The one version string of a build: stamped into both binaries (--version,
+# kubectl restow version, the restow_build_info metric) and into the image
+# reference of the install manifests. A release sets it from its tag.
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo v0.1.0-dev)
+IMAGE_REPO ?= ghcr.io/restow/restow
+IMG ?= $(IMAGE_REPO):$(VERSION)
+LDFLAGS ?= -s -w -X github.com/restow/restow/internal/version.Version=$(VERSION)
 
 SHELL = /usr/bin/env bash -o pipefail
 .SHELLFLAGS = -ec
@@ -105,8 +111,8 @@ test-compat: ## Run the integration suite against every K8S_COMPAT_VERSIONS cont
 
 .PHONY: build
 build: ## Build the manager and the kubectl plugin into bin/.
-	go build -o $(LOCALBIN)/manager ./cmd/manager
-	go build -o $(LOCALBIN)/kubectl-restow ./cmd/kubectl-restow
+	go build -trimpath -ldflags "$(LDFLAGS)" -o $(LOCALBIN)/manager ./cmd/manager
+	go build -trimpath -ldflags "$(LDFLAGS)" -o $(LOCALBIN)/kubectl-restow ./cmd/kubectl-restow
 
 .PHONY: demo
 demo: envtest-assets ## Run the demo on a throw-away control plane it starts itself (no cluster needed).
@@ -118,15 +124,15 @@ run: ## Run the manager against the cluster in KUBECONFIG.
 
 .PHONY: docker-build
 docker-build: ## Build the container image (needs a Docker engine).
-	docker build -t $(IMG) .
+	docker build --build-arg VERSION=$(VERSION) -t $(IMG) .
 
 IMAGE_TAR ?= $(LOCALBIN)/restow-image.tar
 IMAGE_ARCH ?= $(GOARCH)
 
 .PHONY: image-tar
 image-tar: ## Assemble the manager's image as an OCI archive without a container engine (bin/restow-image.tar).
-	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager ./cmd/manager
-	go run ./hack/imagetar --binary $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager --arch $(IMAGE_ARCH) --ref $(IMG) --output $(IMAGE_TAR)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) go build -trimpath -ldflags "$(LDFLAGS)" -o $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager ./cmd/manager
+	go run ./hack/imagetar --binary $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager --arch $(IMAGE_ARCH) --version $(VERSION) --ref $(IMG) --output $(IMAGE_TAR)
 
 ##@ Tools
 

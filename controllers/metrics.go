@@ -5,6 +5,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/version"
 )
 
 // Metrics on the manager's metrics endpoint. The resource label is
@@ -31,10 +32,16 @@ var (
 		Name: "restow_storedversions_prunes_total",
 		Help: "Times status.storedVersions of a CRD was pruned.",
 	}, []string{"resource"})
+	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "restow_build_info",
+		Help: "Always 1; its labels tell the running manager's version, source revision and Go version.",
+	}, []string{"version", "revision", "goversion"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passesTotal, passDuration, storedVersionsPrunes)
+	info := version.Get()
+	buildInfo.WithLabelValues(info.Version, info.GitCommit, info.GoVersion).Set(1)
+	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passesTotal, passDuration, storedVersionsPrunes, buildInfo)
 }
 
 // countObjects adds what a pass did since the counts last reported.

@@ -20,6 +20,7 @@ import (
 	"github.com/restow/restow/internal/logging"
 	"github.com/restow/restow/internal/migrator"
 	restowscheme "github.com/restow/restow/internal/scheme"
+	"github.com/restow/restow/internal/version"
 )
 
 type options struct {
@@ -44,10 +45,12 @@ type options struct {
 	stalledRetryMax      time.Duration
 	autoMigrate          bool
 	autoMigrateSelector  string
+	printVersion         bool
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.logging.BindFlags(fs)
+	fs.BoolVar(&o.printVersion, "version", false, "Print the version and exit.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig file to reach the API server with; empty uses $KUBECONFIG, then the in-cluster service account.")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", `Address of the metrics endpoint; "0" turns it off.`)
 	fs.BoolVar(&o.secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS, for authenticated and authorized clients only.")
@@ -102,6 +105,10 @@ func run(args []string) error {
 	opts.bindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if opts.printVersion {
+		fmt.Println("restow manager", version.Get())
+		return nil
 	}
 	if opts.settleWindow <= 0 {
 		return fmt.Errorf("--settle-window must be positive: at least twice the API server's --request-timeout")
@@ -171,6 +178,6 @@ func run(args []string) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("Starting manager")
+	log.Info("Starting manager", "version", version.Get().Version)
 	return mgr.Start(ctx)
 }

@@ -21,6 +21,7 @@ import (
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
 	restowscheme "github.com/restow/restow/internal/scheme"
+	"github.com/restow/restow/internal/version"
 )
 
 // Exit codes, beyond 0 for success and 1 for an error.
@@ -77,7 +78,10 @@ and migrates them: through the restow operator (migrate) or in-process (run).`,
 		newMigrateCommand(f, streams),
 		newRunCommand(f, streams),
 		newStatusCommand(f, streams),
+		newVersionCommand(streams),
 	)
+	root.Version = version.Get().String()
+	root.SetVersionTemplate("kubectl-restow {{.Version}}\n")
 	return root
 }
 
