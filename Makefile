@@ -9,12 +9,14 @@ K8S_COMPAT_VERSIONS ?= 1.34.4 1.35.4 1.36.3
 
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
+ACTIONLINT_VERSION ?= v1.7.12
 
 GOOS ?= $(shell go env GOOS)
 GOARCH ?= $(shell go env GOARCH)
 LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+ACTIONLINT ?= $(LOCALBIN)/actionlint-$(ACTIONLINT_VERSION)
 envtest_assets = $(LOCALBIN)/k8s/$(1)-$(GOOS)-$(GOARCH)
 ENVTEST_ASSETS ?= $(call envtest_assets,$(K8S_VERSION))
 
@@ -59,8 +61,13 @@ vet: ## Run go vet.
 	go vet ./...
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## Run golangci-lint.
+lint: $(GOLANGCI_LINT) lint-workflows ## Run golangci-lint and actionlint.
 	$(GOLANGCI_LINT) run ./...
+
+# The workflows run only on GitHub: this is the one check they get before.
+.PHONY: lint-workflows
+lint-workflows: $(ACTIONLINT) ## Check .github/workflows with actionlint.
+	$(ACTIONLINT)
 
 .PHONY: verify
 verify: generate manifests ## Regenerate, check formatting and go.mod, fail on any difference from git.
@@ -134,6 +141,22 @@ image-tar: ## Assemble the manager's image as an OCI archive without a container
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) go build -trimpath -ldflags "$(LDFLAGS)" -o $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager ./cmd/manager
 	go run ./hack/imagetar --binary $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager --arch $(IMAGE_ARCH) --version $(VERSION) --ref $(IMG) --output $(IMAGE_TAR)
 
+# Platforms the kubectl plugin is released for (make dist; krew picks one by os/arch).
+DIST_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64
+
+# Earlier runs' archives are removed first: they would otherwise end up in
+# checksums.txt and the manifest under this VERSION's name.
+.PHONY: dist
+dist: ## Cross-build kubectl-restow for DIST_PLATFORMS: dist/ archives, checksums.txt and the krew manifest dist/plugins/restow.yaml.
+	rm -rf dist/bin dist/plugins dist/checksums.txt dist/kubectl-restow_*
+	for platform in $(DIST_PLATFORMS); do \
+	  os=$${platform%/*}; arch=$${platform#*/}; exe=; if [ "$$os" = windows ]; then exe=.exe; fi; \
+	  echo "kubectl-restow $(VERSION) for $$os/$$arch"; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "$(LDFLAGS)" \
+	    -o dist/bin/$${os}_$${arch}/kubectl-restow$$exe ./cmd/kubectl-restow; \
+	done
+	go run ./hack/krew --version $(VERSION) --binaries dist/bin --license LICENSE --dist dist
+
 ##@ Tools
 
 $(LOCALBIN):
@@ -146,3 +169,7 @@ $(CONTROLLER_GEN): | $(LOCALBIN)
 $(GOLANGCI_LINT): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(LOCALBIN)/golangci-lint $@
+
+$(ACTIONLINT): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+	mv $(LOCALBIN)/actionlint $@
