@@ -98,6 +98,7 @@ type OSArch struct {
 	Arch string
 }
 
+// String is the os/arch form Go and kubectl use, e.g. linux/amd64.
 func (p OSArch) String() string { return p.OS + "/" + p.Arch }
 
 // BinaryName is the plugin's executable on a platform: Windows finds only
