@@ -30,6 +30,11 @@ IMAGE_REPO ?= ghcr.io/restow/restow
 IMG ?= $(IMAGE_REPO):$(VERSION)
 LDFLAGS ?= -s -w -X github.com/restow/restow/internal/version.Version=$(VERSION)
 
+# The Helm chart; its version is VERSION without the "v" (SemVer), its
+# appVersion VERSION itself, so the default image tag is IMG's.
+CHART_DIR ?= charts/restow
+CHART_VERSION ?= $(patsubst v%,%,$(VERSION))
+
 SHELL = /usr/bin/env bash -o pipefail
 .SHELLFLAGS = -ec
 
@@ -45,8 +50,11 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests into config/.
+manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests into config/, and copy them into the Helm chart.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+	@# The chart templates these copies (charts/restow/templates/crds.yaml, rbac.yaml); make verify keeps them in step.
+	cp config/crd/bases/migration.restow.dev_storagemigrations.yaml $(CHART_DIR)/files/
+	cp config/rbac/role.yaml $(CHART_DIR)/files/manager-role.yaml
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code.

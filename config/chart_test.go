@@ -1,0 +1,301 @@
+package config_test
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/common"
+	chart "helm.sh/helm/v4/pkg/chart/v2"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/kube"
+	release "helm.sh/helm/v4/pkg/release/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/discovery"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+)
+
+// chartDir is the Helm chart, charts/restow.
+const chartDir = "../charts/restow"
+
+// loadChart loads the chart from its directory, as `helm install ./charts/restow` does.
+func loadChart(t *testing.T) *chart.Chart {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("loading %s: %v", chartDir, err)
+	}
+	return ch
+}
+
+// templateChart renders the chart as `helm template` does, validating
+// values against values.schema.json; the error is Helm's.
+func templateChart(ch *chart.Chart, name, namespace string, values map[string]any) (*release.Release, error) {
+	install := action.NewInstall(action.NewConfiguration())
+	install.DryRunStrategy = action.DryRunClient
+	install.ReleaseName, install.Namespace = name, namespace
+	// As `helm template --kube-version`: the test binary's own default is
+	// Kubernetes 1.20, which the chart's kubeVersion refuses.
+	kubeVersion, err := serverVersion()
+	if err != nil {
+		return nil, err
+	}
+	install.KubeVersion = kubeVersion
+	r, err := install.Run(ch, values)
+	if err != nil {
+		return nil, err
+	}
+	return r.(*release.Release), nil
+}
+
+// serverVersion is the test API server's Kubernetes version.
+var serverVersion = sync.OnceValues(func() (*common.KubeVersion, error) {
+	disco, err := discovery.NewDiscoveryClientForConfig(env.Config)
+	if err != nil {
+		return nil, err
+	}
+	info, err := disco.ServerVersion()
+	if err != nil {
+		return nil, err
+	}
+	return common.ParseKubeVersion(info.GitVersion)
+})
+
+// renderChart renders the chart and returns its objects and its hooks.
+func renderChart(t *testing.T, name, namespace string, values map[string]any) (objs, hooks []*unstructured.Unstructured) {
+	t.Helper()
+	r, err := templateChart(loadChart(t), name, namespace, values)
+	if err != nil {
+		t.Fatalf("helm template %s: %v", name, err)
+	}
+	objs = decodeManifests(t, r.Manifest)
+	for _, h := range r.Hooks {
+		hooks = append(hooks, decodeManifests(t, h.Manifest)...)
+	}
+	return objs, hooks
+}
+
+// decodeManifests splits a YAML stream into objects.
+func decodeManifests(t *testing.T, manifest string) []*unstructured.Unstructured {
+	t.Helper()
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(strings.NewReader(manifest)))
+	var out []*unstructured.Unstructured
+	for {
+		doc, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(doc, &u.Object); err != nil {
+			t.Fatalf("%v in\n%s", err, doc)
+		}
+		if len(u.Object) > 0 {
+			out = append(out, u)
+		}
+	}
+}
+
+// helmConfig is Helm's action configuration for namespace on the test
+// control plane, reached through a kubeconfig as the helm CLI reaches a
+// cluster, with release records stored in Secrets as by default.
+func helmConfig(t *testing.T, namespace string) *action.Configuration {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	cacheDir := filepath.Join(dir, "cache")
+	flags := genericclioptions.NewConfigFlags(false)
+	flags.KubeConfig, flags.Namespace, flags.CacheDir = &kubeconfig, &namespace, &cacheDir
+	cfg := action.NewConfiguration()
+	if err := cfg.Init(flags, namespace, "secret"); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// installChart installs the chart for real, as `helm install --create-namespace`
+// does, without waiting for pods (the test control plane runs none), and
+// uninstalls it when the test ends.
+func installChart(t *testing.T, name, namespace string, values map[string]any) *release.Release {
+	t.Helper()
+	cfg := helmConfig(t, namespace)
+	install := action.NewInstall(cfg)
+	install.ReleaseName, install.Namespace, install.CreateNamespace = name, namespace, true
+	install.WaitStrategy, install.Timeout = kube.HookOnlyStrategy, time.Minute
+	// The tests share one control plane: another test may have applied the
+	// StorageMigration CRD (cluster-scoped) already, outside any release.
+	install.TakeOwnership = true
+	r, err := install.RunWithContext(t.Context(), loadChart(t), values)
+	if err != nil {
+		t.Fatalf("helm install %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		// Unless the test uninstalled it itself.
+		if _, err := cfg.Releases.Last(name); err == nil {
+			uninstallChart(t, cfg, name)
+		}
+	})
+	return r.(*release.Release)
+}
+
+// upgradeChart upgrades a release to new values, as `helm upgrade` does.
+func upgradeChart(t *testing.T, name, namespace string, values map[string]any) *release.Release {
+	t.Helper()
+	upgrade := action.NewUpgrade(helmConfig(t, namespace))
+	upgrade.Namespace, upgrade.WaitStrategy, upgrade.Timeout = namespace, kube.HookOnlyStrategy, time.Minute
+	r, err := upgrade.RunWithContext(t.Context(), name, loadChart(t), values)
+	if err != nil {
+		t.Fatalf("helm upgrade %s: %v", name, err)
+	}
+	return r.(*release.Release)
+}
+
+func uninstallChart(t *testing.T, cfg *action.Configuration, name string) {
+	t.Helper()
+	uninstall := action.NewUninstall(cfg)
+	uninstall.WaitStrategy, uninstall.Timeout = kube.HookOnlyStrategy, time.Minute
+	if _, err := uninstall.Run(name); err != nil {
+		t.Errorf("helm uninstall %s: %v", name, err)
+	}
+}
+
+// TestChartInstall installs the chart with its default values for real,
+// finds every object it rendered on the API server, has the API server
+// validate the test hooks (which only `helm test` creates) by a dry run, and
+// uninstalls it: the CRD stays, with the StorageMigrations in it, and the
+// rest goes.
+func TestChartInstall(t *testing.T) {
+	ctx := t.Context()
+	const name, namespace = "restow-install", "restow-install"
+	objs, hooks := renderChart(t, name, namespace, nil)
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.GetKind()]++
+	}
+	for _, kind := range []string{"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+		"Deployment", "Service", "PodDisruptionBudget", "FlowSchema", "PriorityLevelConfiguration"} {
+		if kinds[kind] == 0 {
+			t.Errorf("the chart renders no %s", kind)
+		}
+	}
+	if kinds["ServiceMonitor"] != 0 {
+		t.Error("the chart renders a ServiceMonitor by default; it needs the Prometheus Operator's CRD")
+	}
+
+	rel := installChart(t, name, namespace, nil)
+	installed := decodeManifests(t, rel.Manifest)
+	if len(installed) != len(objs) {
+		t.Errorf("helm install created %d objects, helm template renders %d", len(installed), len(objs))
+	}
+	for _, o := range installed {
+		live := &unstructured.Unstructured{}
+		live.SetGroupVersionKind(o.GroupVersionKind())
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(o), live); err != nil {
+			t.Errorf("%s %s/%s after helm install: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+		}
+	}
+	for _, h := range hooks {
+		if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(h.DeepCopy()), client.FieldOwner("restow-chart-test"), client.DryRunAll); err != nil {
+			t.Errorf("server-side dry run of the test hook's %s %s: %v", h.GetKind(), h.GetName(), err)
+		}
+	}
+
+	crd := find(t, installed, "CustomResourceDefinition")
+	if got := crd.GetAnnotations()["helm.sh/resource-policy"]; got != "keep" {
+		t.Errorf("CRD annotation helm.sh/resource-policy = %q, want keep: uninstalling would delete every StorageMigration", got)
+	}
+	uninstallChart(t, helmConfig(t, namespace), name)
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(crd), crd.DeepCopy()); err != nil {
+		t.Errorf("the CRD after helm uninstall: %v, want it kept", err)
+	}
+	deploy := find(t, installed, "Deployment")
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(deploy), &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the Deployment after helm uninstall: %v, want it gone", err)
+	}
+}
+
+// TestChartManagerArgs: the default chart runs the manager with exactly
+// config/default's flags, and each value adds its flag only when set.
+func TestChartManagerArgs(t *testing.T) {
+	base := []string{"--leader-elect", "--metrics-bind-address=:8443", "--health-probe-bind-address=:8081"}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		extra  []string
+	}{
+		{"defaults", nil, nil},
+		{"every flag value set", map[string]any{
+			"autoMigrate": false, "autoMigrateSelector": "app.kubernetes.io/part-of=shop", "concurrency": 8, "pageSize": 100,
+			"settleWindow": "5m", "statusInterval": "10s", "logLevel": "debug", "extraArgs": []any{"--log-encoding=console"},
+		}, []string{
+			"--auto-migrate=false", "--auto-migrate-selector=app.kubernetes.io/part-of=shop", "--concurrency=8", "--page-size=100",
+			"--settle-window=5m", "--status-interval=10s", "--log-level=debug", "--log-encoding=console",
+		}},
+		{"autoMigrate true is the binary's default", map[string]any{"autoMigrate": true}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, _ := renderChart(t, "restow", "restow-system", tc.values)
+			var deploy appsv1.Deployment
+			into(t, find(t, objs, "Deployment"), &deploy)
+			if got, want := deploy.Spec.Template.Spec.Containers[0].Args, append(slices.Clone(base), tc.extra...); !slices.Equal(got, want) {
+				t.Errorf("args %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestChartValuesSchema: a value of the wrong shape is refused at install
+// time, naming the value and what it must be, instead of a manager that
+// exits on a flag it cannot parse.
+func TestChartValuesSchema(t *testing.T) {
+	ch := loadChart(t)
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   []string // in the error
+	}{
+		{"concurrency zero", map[string]any{"concurrency": 0}, []string{"/concurrency", "minimum: got 0, want 1"}},
+		{"concurrency a string", map[string]any{"concurrency": "16"}, []string{"concurrency"}},
+		{"pageSize negative", map[string]any{"pageSize": -1}, []string{"pageSize"}},
+		{"settleWindow not a duration", map[string]any{"settleWindow": "2 minutes"}, []string{"/settleWindow", "'2 minutes' does not match pattern"}},
+		{"statusInterval without a unit", map[string]any{"statusInterval": "5"}, []string{"statusInterval"}},
+		{"logLevel unknown", map[string]any{"logLevel": "verbose"}, []string{"logLevel"}},
+		{"replicaCount zero", map[string]any{"replicaCount": 0}, []string{"replicaCount"}},
+		{"migratedGroups a string", map[string]any{"rbac": map[string]any{"migratedGroups": "stable.example.com"}}, []string{"migratedGroups"}},
+		{"migratedGroups empty", map[string]any{"rbac": map[string]any{"migratedGroups": []any{}}}, []string{"migratedGroups"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := templateChart(ch, "restow", "restow-system", tc.values)
+			if err == nil {
+				t.Fatalf("values %v rendered, want them refused", tc.values)
+			}
+			for _, want := range append(tc.want, "values don't meet the specifications of the schema") {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not mention %q", err, want)
+				}
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+	// The refusals above are the schema's, not a chart that renders nothing.
+	if _, err := templateChart(ch, "restow", "restow-system", map[string]any{"concurrency": 1, "settleWindow": "2m30s", "logLevel": "4"}); err != nil {
+		t.Errorf("good values refused: %v", err)
+	}
+}
