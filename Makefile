@@ -129,6 +129,14 @@ build: ## Build the manager and the kubectl plugin into bin/.
 	go build -trimpath -ldflags "$(LDFLAGS)" -o $(LOCALBIN)/manager ./cmd/manager
 	go build -trimpath -ldflags "$(LDFLAGS)" -o $(LOCALBIN)/kubectl-restow ./cmd/kubectl-restow
 
+.PHONY: build-installer
+build-installer: manifests ## Write dist/install.yaml: config/default in one file, the manager's image pinned to IMG.
+	go run ./hack/installer --kustomization config/default --image $(IMG) --version $(VERSION) --output dist/install.yaml
+
+.PHONY: set-version
+set-version: ## Name VERSION as the release in config/manager (the release commit; see docs/release.md).
+	sed -i -E 's/^(  newTag: ).*/\1$(VERSION)/' config/manager/kustomization.yaml
+
 .PHONY: demo
 demo: envtest-assets ## Run the demo on a throw-away control plane it starts itself (no cluster needed).
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go run ./cmd/demo $(DEMO_ARGS)
