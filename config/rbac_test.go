@@ -43,7 +43,8 @@ import (
 //     it receives holds a Secret's data;
 //   - with config/components/named-groups, a resource outside the named
 //     groups stalls with reason Unsupported and the API server's refusal,
-//     and is not retried in a tight loop;
+//     and is not retried in a tight loop; so do Secrets, whose core group
+//     is not named;
 //   - the manager binary, authenticated as the service account, holds the
 //     leader election lease and migrates a CRD.
 func TestLeastPrivilegeRBAC(t *testing.T) {
@@ -140,6 +141,23 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 		outside.assertStoredVersions(t, "v1beta1", "v1")
 		t.Logf("Stalled: %s; %d changes in 3 s", stalled.Message, changes)
 		deleteMigration(t, outside.crdName)
+
+		// Built-in resources are outside too unless "" is listed: the
+		// restricted profile cannot read Secrets.
+		secretsMigration := &migrationv1alpha1.StorageMigration{
+			ObjectMeta: metav1.ObjectMeta{Name: "restricted-secrets"},
+			Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
+		}
+		if err := env.Client.Create(ctx, secretsMigration); err != nil {
+			t.Fatal(err)
+		}
+		sm = waitCondition(t, secretsMigration.Name, migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason)
+		stalled = apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition)
+		if !strings.Contains(stalled.Message, "forbidden") || !strings.Contains(stalled.Message, `"secrets"`) {
+			t.Errorf("Stalled message %q, want the API server's refusal naming secrets", stalled.Message)
+		}
+		t.Logf("Stalled: %s", stalled.Message)
+		deleteMigration(t, secretsMigration.Name)
 	})
 
 	t.Run("the manager binary as the service account", func(t *testing.T) {
