@@ -2,8 +2,11 @@ package config_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,8 +21,13 @@ import (
 	"helm.sh/helm/v4/pkg/kube"
 	release "helm.sh/helm/v4/pkg/release/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/discovery"
@@ -298,4 +306,186 @@ func TestChartValuesSchema(t *testing.T) {
 	if _, err := templateChart(ch, "restow", "restow-system", map[string]any{"concurrency": 1, "settleWindow": "2m30s", "logLevel": "4"}); err != nil {
 		t.Errorf("good values refused: %v", err)
 	}
+}
+
+// TestChartParity holds the chart with its default values, installed as
+// release "restow" in restow-system, to config/default: the same objects by
+// kind and name, the same RBAC rules per role and bindings, the same
+// manager arguments, replicas, security contexts, probes, resources,
+// PodDisruptionBudget, metrics Service, flow control and CRD. The table's
+// other rows change one side and show the comparison fails.
+func TestChartParity(t *testing.T) {
+	kustomized := render(t, "default")
+	for _, tc := range []struct {
+		name        string
+		values      map[string]any
+		mutate      func(t *testing.T, kustomized, charted []*unstructured.Unstructured)
+		wantDiffsIn string // "": no difference
+	}{
+		{name: "default values and config/default"},
+		{name: "a flag value", values: map[string]any{"concurrency": 8}, wantDiffsIn: "Deployment/restow-controller-manager args"},
+		{name: "one replica", values: map[string]any{"replicaCount": 1}, wantDiffsIn: "Deployment/restow-controller-manager replicas"},
+		{name: "narrowed groups", values: map[string]any{"rbac": map[string]any{"migratedGroups": []any{"stable.example.com"}}}, wantDiffsIn: "ClusterRole/restow-manager-role rules"},
+		{name: "no PodDisruptionBudget", values: map[string]any{"podDisruptionBudget": map[string]any{"enabled": false}}, wantDiffsIn: "PodDisruptionBudget/restow-controller-manager"},
+		{name: "config/default grants one more verb", mutate: func(t *testing.T, kustomized, _ []*unstructured.Unstructured) {
+			role := find(t, kustomized, "Role", "restow-leader-election-role")
+			rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+			rules[0].(map[string]any)["verbs"] = append(rules[0].(map[string]any)["verbs"].([]any), "delete")
+			if err := unstructured.SetNestedSlice(role.Object, rules, "rules"); err != nil {
+				t.Fatal(err)
+			}
+		}, wantDiffsIn: "Role/restow-leader-election-role rules"},
+		{name: "the chart's pod without its seccomp profile", mutate: func(t *testing.T, _, charted []*unstructured.Unstructured) {
+			unstructured.RemoveNestedField(find(t, charted, "Deployment").Object, "spec", "template", "spec", "securityContext", "seccompProfile")
+		}, wantDiffsIn: "Deployment/restow-controller-manager pod securityContext"},
+		{name: "the chart's priority level with more shares", mutate: func(t *testing.T, _, charted []*unstructured.Unstructured) {
+			level := find(t, charted, "PriorityLevelConfiguration")
+			if err := unstructured.SetNestedField(level.Object, int64(20), "spec", "limited", "nominalConcurrencyShares"); err != nil {
+				t.Fatal(err)
+			}
+		}, wantDiffsIn: "PriorityLevelConfiguration/restow-migrations spec"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kustomized := deepCopyAll(kustomized)
+			charted, _ := renderChart(t, "restow", "restow-system", tc.values)
+			if tc.mutate != nil {
+				tc.mutate(t, kustomized, charted)
+			}
+			diffs := diffFacts(installFacts(t, kustomized), installFacts(t, charted))
+			switch {
+			case tc.wantDiffsIn == "" && len(diffs) > 0:
+				t.Errorf("the chart and config/default differ:\n%s", strings.Join(diffs, "\n"))
+			case tc.wantDiffsIn != "" && !slices.ContainsFunc(diffs, func(d string) bool { return strings.HasPrefix(d, tc.wantDiffsIn) }):
+				t.Errorf("no difference in %q found; differences:\n%s", tc.wantDiffsIn, strings.Join(diffs, "\n"))
+			}
+		})
+	}
+}
+
+func deepCopyAll(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+	out := make([]*unstructured.Unstructured, len(objs))
+	for i, o := range objs {
+		out[i] = o.DeepCopy()
+	}
+	return out
+}
+
+// installFacts reduces an install to what it grants and runs, keyed by
+// "Kind/name what", each value normalised to JSON: rules sorted, label
+// selectors reduced to whether they select the manager's pods (the chart's
+// labels name its release too). The Namespace is left out: with Helm it is
+// the user's (--create-namespace).
+func installFacts(t *testing.T, objs []*unstructured.Unstructured) map[string]string {
+	t.Helper()
+	var deploy appsv1.Deployment
+	into(t, find(t, objs, "Deployment"), &deploy)
+	podLabels := labels.Set(deploy.Spec.Template.Labels)
+	selects := func(s *metav1.LabelSelector) bool {
+		selector, err := metav1.LabelSelectorAsSelector(s)
+		return err == nil && !selector.Empty() && selector.Matches(podLabels)
+	}
+	facts := map[string]string{}
+	set := func(key string, v any) {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		facts[key] = string(raw)
+	}
+	for _, o := range objs {
+		key := o.GetKind() + "/" + o.GetName()
+		switch o.GetKind() {
+		case "Namespace":
+			continue
+		case "ClusterRole", "Role":
+			var role rbacv1.ClusterRole // a Role's rules have the same shape
+			into(t, o, &role)
+			set(key+" rules", normalisedRules(role.Rules))
+		case "ClusterRoleBinding", "RoleBinding":
+			var binding rbacv1.ClusterRoleBinding
+			into(t, o, &binding)
+			set(key+" roleRef", binding.RoleRef)
+			set(key+" subjects", binding.Subjects)
+		case "Deployment":
+			spec := deploy.Spec.Template.Spec
+			c := spec.Containers[0]
+			set(key+" replicas", deploy.Spec.Replicas)
+			set(key+" selects its pods", selects(deploy.Spec.Selector))
+			set(key+" serviceAccountName", spec.ServiceAccountName)
+			set(key+" terminationGracePeriodSeconds", spec.TerminationGracePeriodSeconds)
+			set(key+" pod securityContext", spec.SecurityContext)
+			set(key+" container securityContext", c.SecurityContext)
+			set(key+" args", c.Args)
+			set(key+" ports", c.Ports)
+			set(key+" livenessProbe", c.LivenessProbe)
+			set(key+" readinessProbe", c.ReadinessProbe)
+			set(key+" resources", c.Resources)
+			for i, spread := range spec.TopologySpreadConstraints {
+				set(fmt.Sprintf("%s topologySpreadConstraints[%d] selects its pods", key, i), selects(spread.LabelSelector))
+				spread.LabelSelector = nil
+				set(fmt.Sprintf("%s topologySpreadConstraints[%d]", key, i), spread)
+			}
+		case "PodDisruptionBudget":
+			var pdb policyv1.PodDisruptionBudget
+			into(t, o, &pdb)
+			set(key+" maxUnavailable", pdb.Spec.MaxUnavailable)
+			set(key+" minAvailable", pdb.Spec.MinAvailable)
+			set(key+" selects the manager's pods", selects(pdb.Spec.Selector))
+		case "Service":
+			var svc corev1.Service
+			into(t, o, &svc)
+			set(key+" ports", svc.Spec.Ports)
+			set(key+" selects the manager's pods", selects(&metav1.LabelSelector{MatchLabels: svc.Spec.Selector}))
+		default:
+			// FlowSchema, PriorityLevelConfiguration, CRD, ServiceAccount.
+			spec, _, _ := unstructured.NestedFieldCopy(o.Object, "spec")
+			set(key+" spec", spec)
+		}
+		// kustomize gives cluster-scoped FlowSchemas a namespace, which the
+		// API server ignores: only a namespaced object's counts.
+		if namespaced, err := env.Client.IsObjectNamespaced(o); err != nil || namespaced {
+			set(key+" namespace", o.GetNamespace())
+		}
+	}
+	return facts
+}
+
+// normalisedRules sorts each rule's lists and the rules, so that rules
+// granting the same compare equal however they are written.
+func normalisedRules(rules []rbacv1.PolicyRule) []string {
+	out := make([]string, 0, len(rules))
+	for _, r := range rules {
+		for _, list := range [][]string{r.APIGroups, r.Resources, r.ResourceNames, r.NonResourceURLs, r.Verbs} {
+			slices.Sort(list)
+		}
+		raw, _ := json.Marshal(r)
+		out = append(out, string(raw))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// diffFacts lists the keys whose values differ, with both values.
+func diffFacts(want, got map[string]string) []string {
+	keys := map[string]bool{}
+	for k := range want {
+		keys[k] = true
+	}
+	for k := range got {
+		keys[k] = true
+	}
+	var diffs []string
+	for _, key := range slices.Sorted(maps.Keys(keys)) {
+		if want[key] != got[key] {
+			diffs = append(diffs, fmt.Sprintf("%s: config/default %s, chart %s", key, orAbsent(want[key]), orAbsent(got[key])))
+		}
+	}
+	return diffs
+}
+
+func orAbsent(v string) string {
+	if v == "" {
+		return "(absent)"
+	}
+	return v
 }
