@@ -2,6 +2,8 @@ package config_test
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,14 +27,24 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/operator"
 )
 
 // chartDir is the Helm chart, charts/restow.
@@ -488,4 +500,200 @@ func orAbsent(v string) string {
 		return "(absent)"
 	}
 	return v
+}
+
+// asServiceAccount is a client configuration that impersonates a service
+// account, as its pod's token would authenticate it.
+func asServiceAccount(namespace, name string) *rest.Config {
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: serviceaccount.MakeUsername(namespace, name),
+		Groups:   serviceaccount.MakeGroupNames(namespace),
+	}
+	return cfg
+}
+
+// managerServiceAccount is the service account the chart's Deployment runs as.
+func managerServiceAccount(t *testing.T, rel *release.Release) string {
+	t.Helper()
+	var deploy appsv1.Deployment
+	into(t, find(t, decodeManifests(t, rel.Manifest), "Deployment"), &deploy)
+	return deploy.Spec.Template.Spec.ServiceAccountName
+}
+
+// TestChartRestrictedRBAC installs the chart with
+// rbac.migratedGroups=[stable.example.com] and runs the operator as the
+// chart's service account, with nothing but the chart's RBAC: a CRD in the
+// named group migrates (proven from etcd), and Secrets, in the core group
+// the list leaves out, stall with reason Unsupported and the API server's
+// refusal. After `helm upgrade` lists "" too, the same StorageMigration
+// migrates every Secret.
+func TestChartRestrictedRBAC(t *testing.T) {
+	ctx := t.Context()
+	const name, namespace = "restow-narrow", "restow-narrow"
+	narrowed := map[string]any{"rbac": map[string]any{"migratedGroups": []any{"stable.example.com"}}}
+	rel := installChart(t, name, namespace, narrowed)
+	var role rbacv1.ClusterRole
+	into(t, find(t, decodeManifests(t, rel.Manifest), "ClusterRole", name+"-manager-role"), &role)
+	if got, want := role.Rules[0].APIGroups, []string{"stable.example.com", "migration.restow.dev"}; !slices.Equal(got, want) {
+		t.Fatalf("rule 0 of the manager's role covers groups %q, want %q", got, want)
+	}
+	sa := managerServiceAccount(t, rel)
+
+	gizmos := installCRD(t, "stable.example.com", "Gizmo", "gizmos", 200)
+	secrets := createSecrets(t, "chart-secrets", 20, "not-for-restow-"+randomHex(t))
+	stop := operator.Start(t, asServiceAccount(namespace, sa), env.Scheme, controllers.Options{AutoMigrate: true})
+	defer stop()
+	gizmos.switchStorage(t, "v1")
+	secretsMigration := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "chart-secrets"},
+		Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
+	}
+	if err := env.Client.Create(ctx, secretsMigration); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secretsMigration) })
+	t.Cleanup(func() { deleteMigration(t, gizmos.crdName) })
+
+	waitCondition(t, gizmos.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+	gizmos.assertAllStoredAt(t, "v1")
+	gizmos.assertStoredVersions(t, "v1")
+
+	sm := waitCondition(t, secretsMigration.Name, migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason)
+	stalled := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition)
+	user := serviceaccount.MakeUsername(namespace, sa)
+	for _, want := range []string{"forbidden", `"` + user + `"`, `cannot list resource "secrets" in API group ""`} {
+		if !strings.Contains(stalled.Message, want) {
+			t.Errorf("Stalled message %q does not name the refusal (%s)", stalled.Message, want)
+		}
+	}
+	t.Logf("Stalled: %s", stalled.Message)
+
+	t.Run(`with "" listed, Secrets migrate`, func(t *testing.T) {
+		withCore := map[string]any{"rbac": map[string]any{"migratedGroups": []any{"stable.example.com", ""}}}
+		upgraded := upgradeChart(t, name, namespace, withCore)
+		into(t, find(t, decodeManifests(t, upgraded.Manifest), "ClusterRole", name+"-manager-role"), &role)
+		if got, want := role.Rules[0].APIGroups, []string{"stable.example.com", "", "migration.restow.dev"}; !slices.Equal(got, want) {
+			t.Fatalf("after the upgrade rule 0 covers groups %q, want %q", got, want)
+		}
+		// The Stalled migration is tried again on its own, with backoff.
+		sm := waitCondition(t, secretsMigration.Name, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+		// Helm's release records are Secrets too.
+		if last := sm.Status.LastPass; last == nil || last.Listed < int64(len(secrets)) || last.Migrated+last.AlreadyStored != last.Listed || last.Failed != 0 {
+			t.Errorf("secrets' last pass = %+v, want at least the test's %d Secrets, all rewritten, none failed", last, len(secrets))
+		}
+	})
+}
+
+// TestChartTestHook runs `helm test` on an installed release with the test
+// control plane standing in for a kubelet: when Helm creates the hook's
+// Pod, the test runs the Pod's command in-process (cli.Execute, the
+// plugin the image ships) as the Pod's service account, and writes the
+// exit code into the Pod's status, which Helm waits for. The operator runs
+// as the chart's manager service account. With it, `helm test` passes;
+// without any operator the hook's command exits 4, so the test can fail.
+func TestChartTestHook(t *testing.T) {
+	const name, namespace = "restow-hook", "restow-hook"
+	rel := installChart(t, name, namespace, nil)
+	var hooks []*unstructured.Unstructured
+	for _, h := range rel.Hooks {
+		hooks = append(hooks, decodeManifests(t, h.Manifest)...)
+	}
+	var pod corev1.Pod
+	into(t, find(t, hooks, "Pod"), &pod)
+	if got := pod.Annotations["helm.sh/hook"]; got != "test" {
+		t.Fatalf("the hook Pod's helm.sh/hook is %q, want test", got)
+	}
+	if got, want := pod.Spec.Containers[0].Command, []string{"/kubectl-restow"}; !slices.Equal(got, want) {
+		t.Fatalf("the hook runs %q, want the image's kubectl plugin %q", got, want)
+	}
+	t.Cleanup(func() { deleteMigration(t, "storagemigrations.migration.restow.dev") })
+
+	// helm test, with the test standing in for the kubelet; extra goes to
+	// the hook's command.
+	helmTest := func(t *testing.T, extra ...string) (code int, err error) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		ran := make(chan int, 1)
+		go func() { ran <- actAsKubelet(ctx, t, &pod, extra...) }()
+		test := action.NewReleaseTesting(helmConfig(t, namespace))
+		test.Namespace, test.Timeout = namespace, 2*time.Minute
+		_, shutdown, err := test.Run(name)
+		if shutdown != nil {
+			// It deletes the hooks as their policy says; it repeats a
+			// failed run's error.
+			if shutdownErr := shutdown(); shutdownErr != nil && err == nil {
+				t.Error(shutdownErr)
+			}
+		}
+		cancel()
+		return <-ran, err
+	}
+
+	t.Run("no operator: helm test fails, the hook exits 4", func(t *testing.T) {
+		// Quicker than the default 30 s to conclude that none answers.
+		code, err := helmTest(t, "--operator-timeout=3s")
+		if err == nil || code != cli.ExitNoOperator {
+			t.Errorf("helm test without an operator: %v, the hook exited %d; want a failure and exit %d", err, code, cli.ExitNoOperator)
+		}
+		t.Logf("helm test: %v", err)
+	})
+
+	t.Run("helm test passes with the operator running", func(t *testing.T) {
+		stop := operator.Start(t, asServiceAccount(namespace, managerServiceAccount(t, rel)), env.Scheme, controllers.Options{AutoMigrate: true})
+		defer stop()
+		if code, err := helmTest(t); err != nil || code != 0 {
+			t.Errorf("helm test: %v; the hook exited %d", err, code)
+		}
+		waitCondition(t, "storagemigrations.migration.restow.dev", migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+	})
+}
+
+// runHookCommand runs the hook Pod's command in-process, as the Pod's
+// service account, with extra arguments, and returns its exit code and
+// output. The kubeconfig stands in for the Pod's in-cluster token.
+func runHookCommand(t *testing.T, pod *corev1.Pod, extra ...string) (int, string) {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := env.WriteKubeconfigAs(kubeconfig, serviceaccount.MakeUsername(pod.Namespace, pod.Spec.ServiceAccountName), serviceaccount.MakeGroupNames(pod.Namespace)...); err != nil {
+		t.Fatal(err)
+	}
+	args := append(slices.Clone(pod.Spec.Containers[0].Args), "--kubeconfig="+kubeconfig, "--cache-dir="+filepath.Join(dir, "cache"))
+	args = append(args, extra...)
+	var out bytes.Buffer
+	code := cli.Execute(t.Context(), args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &out})
+	t.Logf("/kubectl-restow %s: exit %d\n%s", strings.Join(args, " "), code, out.String())
+	return code, out.String()
+}
+
+// actAsKubelet waits for Helm to create the hook Pod, runs its command and
+// reports the exit code in the Pod's status, as a kubelet would.
+func actAsKubelet(ctx context.Context, t *testing.T, rendered *corev1.Pod, extra ...string) int {
+	live := &corev1.Pod{}
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		// Pending: not the one of an earlier run, which Helm deletes first.
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(rendered), live)
+		return err == nil && live.Status.Phase == corev1.PodPending, client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		t.Errorf("helm test created no Pod %s: %v", rendered.Name, err)
+		return -1
+	}
+	code, _ := runHookCommand(t, live, extra...)
+	phase := corev1.PodSucceeded
+	if code != 0 {
+		phase = corev1.PodFailed
+	}
+	now := metav1.Now()
+	live.Status.Phase = phase
+	live.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name:  live.Spec.Containers[0].Name,
+		Image: live.Spec.Containers[0].Image,
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: int32(code), StartedAt: now, FinishedAt: now}},
+	}}
+	if err := env.Client.Status().Update(ctx, live); err != nil {
+		t.Errorf("writing the hook Pod's status: %v", err)
+	}
+	return code
 }
