@@ -1,4 +1,4 @@
-# Build the manager binary.
+# Build the manager binary and the kubectl plugin.
 FROM golang:1.26 AS builder
 ARG TARGETOS
 ARG TARGETARCH
@@ -11,10 +11,12 @@ COPY cmd/ cmd/
 COPY controllers/ controllers/
 COPY internal/ internal/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w -X github.com/restow/restow/internal/version.Version=${VERSION}" -o manager ./cmd/manager
+# The kubectl plugin, which the Helm chart's test hook runs.
+RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w -X github.com/restow/restow/internal/version.Version=${VERSION}" -o kubectl-restow ./cmd/kubectl-restow
 
 # distroless: no shell, no package manager, non-root.
 FROM gcr.io/distroless/static:nonroot
 WORKDIR /
-COPY --from=builder /workspace/manager .
+COPY --from=builder /workspace/manager /workspace/kubectl-restow ./
 USER 65532:65532
 ENTRYPOINT ["/manager"]

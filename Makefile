@@ -162,9 +162,14 @@ IMAGE_TAR ?= $(LOCALBIN)/restow-image.tar
 IMAGE_ARCH ?= $(GOARCH)
 
 .PHONY: image-tar
-image-tar: ## Assemble the manager's image as an OCI archive without a container engine (bin/restow-image.tar).
+image-tar: ## Assemble the manager's image (with the kubectl plugin, for helm test) as an OCI archive without a container engine (bin/restow-image.tar).
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) go build -trimpath -ldflags "$(LDFLAGS)" -o $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager ./cmd/manager
-	go run ./hack/imagetar --binary $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager --arch $(IMAGE_ARCH) --version $(VERSION) --ref $(IMG) --output $(IMAGE_TAR)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) go build -trimpath -ldflags "$(LDFLAGS)" -o $(LOCALBIN)/linux-$(IMAGE_ARCH)/kubectl-restow ./cmd/kubectl-restow
+	go run ./hack/imagetar --binary $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager --plugin $(LOCALBIN)/linux-$(IMAGE_ARCH)/kubectl-restow --arch $(IMAGE_ARCH) --version $(VERSION) --ref $(IMG) --output $(IMAGE_TAR)
+
+.PHONY: chart
+chart: manifests ## Package the Helm chart into dist/restow-<chart version>.tgz, its version and appVersion set from VERSION.
+	go run ./hack/helmpackage --chart $(CHART_DIR) --version $(CHART_VERSION) --app-version $(VERSION) --output dist
 
 # Platforms the kubectl plugin is released for (make dist; krew picks one by os/arch).
 DIST_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64

@@ -15,6 +15,7 @@ func main() {
 	var opts imagetar.Options
 	var output, ref string
 	flag.StringVar(&opts.Binary, "binary", "", "static manager binary (CGO_ENABLED=0) for --arch")
+	flag.StringVar(&opts.Plugin, "plugin", "", "static kubectl-restow binary for --arch, run by the Helm chart's test hook (optional)")
 	flag.StringVar(&opts.Arch, "arch", runtime.GOARCH, "GOARCH the binary was built for")
 	flag.StringVar(&opts.Version, "version", "dev", "version recorded in the image's labels")
 	flag.StringVar(&ref, "ref", "restow:dev", "image name recorded in the archive")

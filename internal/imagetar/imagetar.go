@@ -1,5 +1,6 @@
 // Package imagetar assembles the manager's container image without a
-// container engine: one layer on an empty base holding the static binary,
+// container engine: one layer on an empty base holding the static binary
+// (and the kubectl plugin, which the Helm chart's `helm test` runs),
 // the CA certificates and a passwd entry for the non-root user, with the
 // same user and entrypoint as the Dockerfile's distroless image. It writes
 // the image as an OCI image layout in a tar archive, which `podman load`,
@@ -30,6 +31,8 @@ import (
 // Paths and identity inside the image.
 const (
 	BinaryPath = "/manager"
+	// PluginPath is the kubectl plugin, for the Helm chart's test hook.
+	PluginPath = "/kubectl-restow"
 	CAPath     = "/etc/ssl/certs/ca-certificates.crt"
 	// User is distroless's nonroot user, as in the Dockerfile.
 	User = "65532:65532"
@@ -39,6 +42,8 @@ const (
 type Options struct {
 	// Binary is the static manager binary (CGO_ENABLED=0) for Arch.
 	Binary string
+	// Plugin, if set, is the static kubectl plugin binary for Arch.
+	Plugin string
 	// Arch is the GOARCH the binary was built for.
 	Arch string
 	// Version is recorded in the image's labels.
@@ -51,7 +56,13 @@ func Build(opts Options) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	layerTar, err := layerContents(binary)
+	var plugin []byte
+	if opts.Plugin != "" {
+		if plugin, err = os.ReadFile(opts.Plugin); err != nil {
+			return nil, err
+		}
+	}
+	layerTar, err := layerContents(binary, plugin)
 	if err != nil {
 		return nil, err
 	}
@@ -85,9 +96,9 @@ func Build(opts Options) (v1.Image, error) {
 	return mutate.ConfigFile(img, cfg)
 }
 
-// layerContents is the image's only layer: the binary, the CA bundle and
-// /etc/passwd and /etc/group naming the non-root user.
-func layerContents(binary []byte) ([]byte, error) {
+// layerContents is the image's only layer: the binary, the plugin if any,
+// the CA bundle and /etc/passwd and /etc/group naming the non-root user.
+func layerContents(binary, plugin []byte) ([]byte, error) {
 	var ca bytes.Buffer
 	for root := range bundle.Roots() {
 		// Roots with constraints X.509 cannot express are left out, as
@@ -99,11 +110,12 @@ func layerContents(binary []byte) ([]byte, error) {
 			return nil, err
 		}
 	}
-	files := []struct {
+	type file struct {
 		path string
 		mode int64
 		data []byte
-	}{
+	}
+	files := []file{
 		{"etc/", 0o755, nil},
 		{"etc/group", 0o644, []byte("root:x:0:\nnonroot:x:65532:\n")},
 		{"etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
@@ -113,6 +125,9 @@ func layerContents(binary []byte) ([]byte, error) {
 		{"home/", 0o755, nil},
 		{"home/nonroot/", 0o700, nil},
 		{BinaryPath[1:], 0o755, binary},
+	}
+	if plugin != nil {
+		files = append(files, file{PluginPath[1:], 0o755, plugin})
 	}
 	var out bytes.Buffer
 	tw := tar.NewWriter(&out)

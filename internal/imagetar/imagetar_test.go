@@ -22,16 +22,20 @@ import (
 
 // TestImageArchive builds the manager as make image-tar does, assembles the
 // image, writes the OCI archive, and reads it back as a client would: the
-// image runs the static binary as the non-root user, with the CA bundle.
+// image runs the static binary as the non-root user, with the CA bundle,
+// and ships the static kubectl plugin the Helm chart's test hook runs.
 func TestImageArchive(t *testing.T) {
 	dir := t.TempDir()
 	binary := filepath.Join(dir, "manager")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", binary, "github.com/restow/restow/cmd/manager")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	plugin := filepath.Join(dir, "kubectl-restow")
+	for out, pkg := range map[string]string{binary: "github.com/restow/restow/cmd/manager", plugin: "github.com/restow/restow/cmd/kubectl-restow"} {
+		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
 	}
-	img, err := imagetar.Build(imagetar.Options{Binary: binary, Arch: runtime.GOARCH, Version: "test"})
+	img, err := imagetar.Build(imagetar.Options{Binary: binary, Plugin: plugin, Arch: runtime.GOARCH, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,17 +81,19 @@ func TestImageArchive(t *testing.T) {
 	}
 	files := layerFiles(t, layers[0])
 
-	manager, ok := files["manager"]
-	if !ok || manager.mode&0o111 == 0 {
-		t.Fatalf("/manager missing or not executable: %+v", manager.mode)
-	}
-	exe, err := elf.NewFile(bytes.NewReader(manager.data))
-	if err != nil {
-		t.Fatalf("/manager is not an ELF binary: %v", err)
-	}
-	for _, prog := range exe.Progs {
-		if prog.Type == elf.PT_INTERP {
-			t.Error("/manager asks for a dynamic loader: not static, it cannot run on an empty base")
+	for _, name := range []string{"manager", "kubectl-restow"} {
+		binary, ok := files[name]
+		if !ok || binary.mode&0o111 == 0 {
+			t.Fatalf("/%s missing or not executable: %+v", name, binary.mode)
+		}
+		exe, err := elf.NewFile(bytes.NewReader(binary.data))
+		if err != nil {
+			t.Fatalf("/%s is not an ELF binary: %v", name, err)
+		}
+		for _, prog := range exe.Progs {
+			if prog.Type == elf.PT_INTERP {
+				t.Errorf("/%s asks for a dynamic loader: not static, it cannot run on an empty base", name)
+			}
 		}
 	}
 	if _, ok := files["bin/sh"]; ok {
@@ -105,7 +111,7 @@ func TestImageArchive(t *testing.T) {
 	}
 
 	// Reproducible: the same inputs give the same image.
-	again, err := imagetar.Build(imagetar.Options{Binary: binary, Arch: runtime.GOARCH, Version: "test"})
+	again, err := imagetar.Build(imagetar.Options{Binary: binary, Plugin: plugin, Arch: runtime.GOARCH, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
