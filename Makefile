@@ -168,8 +168,8 @@ image-tar: ## Assemble the manager's image (with the kubectl plugin, for helm te
 	go run ./hack/imagetar --binary $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager --plugin $(LOCALBIN)/linux-$(IMAGE_ARCH)/kubectl-restow --arch $(IMAGE_ARCH) --version $(VERSION) --ref $(IMG) --output $(IMAGE_TAR)
 
 .PHONY: chart
-chart: manifests ## Package the Helm chart into dist/restow-<chart version>.tgz, its version and appVersion set from VERSION.
-	go run ./hack/helmpackage --chart $(CHART_DIR) --version $(CHART_VERSION) --app-version $(VERSION) --output dist
+chart: manifests ## Package the Helm chart into dist/restow-<chart version>.tgz: version and appVersion from VERSION, image.repository from IMAGE_REPO.
+	go run ./hack/helmpackage --chart $(CHART_DIR) --version $(CHART_VERSION) --app-version $(VERSION) --image-repository $(IMAGE_REPO) --output dist
 
 # Platforms the kubectl plugin is released for (make dist; krew picks one by os/arch).
 DIST_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64

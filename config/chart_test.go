@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -696,4 +697,53 @@ func actAsKubelet(ctx context.Context, t *testing.T, rendered *corev1.Pod, extra
 		t.Errorf("writing the hook Pod's status: %v", err)
 	}
 	return code
+}
+
+// TestChartREADMEDocumentsEveryValue: every value in values.yaml is named
+// in charts/restow/README.md, itself or through the map holding it
+// (`resources` covers resources.requests.cpu).
+func TestChartREADMEDocumentsEveryValue(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := func(path string) bool {
+		for prefix := path; prefix != ""; prefix, _, _ = cutLast(prefix, ".") {
+			if strings.Contains(string(readme), "`"+prefix+"`") {
+				return true
+			}
+		}
+		return false
+	}
+	paths := valuePaths("", loadChart(t).Values)
+	if len(paths) < 20 {
+		t.Fatalf("values.yaml has %d values, expected more: %v", len(paths), paths)
+	}
+	for _, path := range paths {
+		if !documented(path) {
+			t.Errorf("value %s is not in %s/README.md", path, chartDir)
+		}
+	}
+}
+
+// valuePaths lists the dotted paths of the leaves of values.
+func valuePaths(prefix string, values map[string]any) []string {
+	var paths []string
+	for _, key := range slices.Sorted(maps.Keys(values)) {
+		path := strings.TrimPrefix(prefix+"."+key, ".")
+		if nested, ok := values[key].(map[string]any); ok && len(nested) > 0 {
+			paths = append(paths, valuePaths(path, nested)...)
+			continue
+		}
+		paths = append(paths, path)
+	}
+	return paths
+}
+
+// cutLast is strings.Cut at the last sep.
+func cutLast(s, sep string) (before, after string, found bool) {
+	if i := strings.LastIndex(s, sep); i >= 0 {
+		return s[:i], s[i+len(sep):], true
+	}
+	return "", s, false
 }

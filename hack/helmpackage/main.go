@@ -1,26 +1,30 @@
 // Command helmpackage packages the Helm chart as `helm package` does, with
 // the Helm SDK instead of a helm binary (make chart): it sets the chart's
-// version and appVersion from the build's VERSION, so a release's chart
-// runs that release's image by default.
+// version and appVersion from the build's VERSION, and the default image
+// repository from IMAGE_REPO, so a release's chart runs that release's
+// image by default.
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 
+	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	chartutil "helm.sh/helm/v4/pkg/chart/v2/util"
 )
 
 func main() {
-	var chartDir, version, appVersion, output string
+	var chartDir, version, appVersion, imageRepository, output string
 	flag.StringVar(&chartDir, "chart", "charts/restow", "chart directory")
 	flag.StringVar(&version, "version", "", "the chart's version (SemVer 2, no leading v); empty keeps Chart.yaml's")
 	flag.StringVar(&appVersion, "app-version", "", "the chart's appVersion, the default image tag; empty keeps Chart.yaml's")
+	flag.StringVar(&imageRepository, "image-repository", "", "the default of the value image.repository; empty keeps values.yaml's")
 	flag.StringVar(&output, "output", "dist", "directory to write <name>-<version>.tgz into")
 	flag.Parse()
-	path, err := packageChart(chartDir, version, appVersion, output)
+	path, err := packageChart(chartDir, version, appVersion, imageRepository, output)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helmpackage:", err)
 		os.Exit(1)
@@ -28,7 +32,7 @@ func main() {
 	fmt.Println("wrote", path)
 }
 
-func packageChart(chartDir, version, appVersion, output string) (string, error) {
+func packageChart(chartDir, version, appVersion, imageRepository, output string) (string, error) {
 	ch, err := loader.LoadDir(chartDir)
 	if err != nil {
 		return "", err
@@ -39,6 +43,11 @@ func packageChart(chartDir, version, appVersion, output string) (string, error) 
 	if appVersion != "" {
 		ch.Metadata.AppVersion = appVersion
 	}
+	if imageRepository != "" {
+		if err := setImageRepository(ch, imageRepository); err != nil {
+			return "", err
+		}
+	}
 	// What `helm lint` and `helm package` refuse: a version that is not
 	// SemVer, a missing name.
 	if err := ch.Validate(); err != nil {
@@ -48,4 +57,28 @@ func packageChart(chartDir, version, appVersion, output string) (string, error) 
 		return "", err
 	}
 	return chartutil.Save(ch, output)
+}
+
+// imageRepositoryLine is image.repository in values.yaml, the one
+// two-space-indented "repository:" key.
+var imageRepositoryLine = regexp.MustCompile(`(?m)^  repository: .*$`)
+
+// setImageRepository changes the default of image.repository in the
+// chart's values and in the values.yaml it packages, whose comments stay.
+func setImageRepository(ch *chart.Chart, repository string) error {
+	image, ok := ch.Values["image"].(map[string]any)
+	if !ok {
+		return fmt.Errorf("values.yaml has no image")
+	}
+	image["repository"] = repository
+	for _, f := range ch.Raw {
+		if f.Name != chartutil.ValuesfileName {
+			continue
+		}
+		if n := len(imageRepositoryLine.FindAllIndex(f.Data, -1)); n != 1 {
+			return fmt.Errorf("values.yaml has %d lines like %q, want one", n, imageRepositoryLine)
+		}
+		f.Data = imageRepositoryLine.ReplaceAll(f.Data, []byte("  repository: "+repository))
+	}
+	return nil
 }
