@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -746,4 +747,23 @@ func cutLast(s, sep string) (before, after string, found bool) {
 		return s[:i], s[i+len(sep):], true
 	}
 	return "", s, false
+}
+
+// TestChartVersionFollowsMakefile: the chart in the tree names the version
+// the Makefile builds when no tag says otherwise, so `helm install
+// ./charts/restow` runs the image `make image-tar` tags; make chart sets
+// both from VERSION for a release.
+func TestChartVersionFollowsMakefile(t *testing.T) {
+	makefile, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^VERSION \?= .*\|\| echo (v\S+)\)$`).FindSubmatch(makefile)
+	if m == nil {
+		t.Fatal("the Makefile's VERSION has no default (|| echo vX.Y.Z)")
+	}
+	meta := loadChart(t).Metadata
+	if want := string(m[1]); meta.AppVersion != want || meta.Version != strings.TrimPrefix(want, "v") {
+		t.Errorf("Chart.yaml: version %s, appVersion %s; want %s and %s, the Makefile's VERSION default", meta.Version, meta.AppVersion, strings.TrimPrefix(want, "v"), want)
+	}
 }
