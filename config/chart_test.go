@@ -199,7 +199,9 @@ func uninstallChart(t *testing.T, cfg *action.Configuration, name string) {
 }
 
 // TestChartInstall installs the chart with its default values for real,
-// finds every object it rendered on the API server, has the API server
+// finds every object it rendered on the API server, runs the manager as the
+// chart's Deployment and service account say until it has migrated a CRD,
+// has the API server
 // validate the test hooks (which only `helm test` creates) by a dry run, and
 // uninstalls it: the CRD stays, with the StorageMigrations in it, and the
 // rest goes.
@@ -238,6 +240,19 @@ func TestChartInstall(t *testing.T) {
 			t.Errorf("server-side dry run of the test hook's %s %s: %v", h.GetKind(), h.GetName(), err)
 		}
 	}
+
+	// A working operator: the manager as the chart's Deployment runs it,
+	// as the chart's service account, migrates a CRD (proven from etcd).
+	gizmos := installCRD(t, "chart.config.restow.dev", "Gizmo", "gizmos", 100)
+	manager := startDeployedManager(t, installed)
+	gizmos.switchStorage(t, "v1")
+	waitCondition(t, gizmos.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+	gizmos.assertAllStoredAt(t, "v1")
+	gizmos.assertStoredVersions(t, "v1")
+	if err := manager.Stop(); err != nil {
+		t.Error(err)
+	}
+	deleteMigration(t, gizmos.crdName)
 
 	crd := find(t, installed, "CustomResourceDefinition")
 	if got := crd.GetAnnotations()["helm.sh/resource-policy"]; got != "keep" {
