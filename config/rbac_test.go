@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -116,8 +117,8 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 		narrowed := render(t, "testdata/named-groups")
 		var role rbacv1.ClusterRole
 		into(t, find(t, narrowed, "ClusterRole", "restow-manager-role"), &role)
-		if got := role.Rules[0].APIGroups; len(got) != 1 || got[0] != "stable.example.com" {
-			t.Fatalf("named-groups rendered rule 0 for groups %v, want only stable.example.com", got)
+		if got := role.Rules[0].APIGroups; !slices.Equal(got, []string{"stable.example.com", "migration.restow.dev"}) {
+			t.Fatalf("named-groups rendered rule 0 for groups %v, want only stable.example.com and restow's own", got)
 		}
 		apply(t, narrowed)
 		t.Cleanup(func() { apply(t, objs) })
