@@ -1,5 +1,7 @@
-# Build the manager binary and the kubectl plugin.
-FROM golang:1.26 AS builder
+# Build the manager binary and the kubectl plugin. The builder runs on the
+# build machine's platform and cross-compiles (CGO_ENABLED=0), so a
+# multi-arch build needs no emulation.
+FROM --platform=$BUILDPLATFORM golang:1.26 AS builder
 ARG TARGETOS
 ARG TARGETARCH
 ARG VERSION=v0.1.0-dev
