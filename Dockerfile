@@ -5,6 +5,7 @@ FROM --platform=$BUILDPLATFORM golang:1.26 AS builder
 ARG TARGETOS
 ARG TARGETARCH
 ARG VERSION=v0.1.0-dev
+ARG GIT_COMMIT=
 WORKDIR /workspace
 COPY go.mod go.sum ./
 RUN go mod download
@@ -12,9 +13,9 @@ COPY api/ api/
 COPY cmd/ cmd/
 COPY controllers/ controllers/
 COPY internal/ internal/
-RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w -X github.com/restow/restow/internal/version.Version=${VERSION}" -o manager ./cmd/manager
+RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w -X github.com/restow/restow/internal/version.Version=${VERSION} -X github.com/restow/restow/internal/version.Commit=${GIT_COMMIT}" -o manager ./cmd/manager
 # The kubectl plugin, which the Helm chart's test hook runs.
-RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w -X github.com/restow/restow/internal/version.Version=${VERSION}" -o kubectl-restow ./cmd/kubectl-restow
+RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w -X github.com/restow/restow/internal/version.Version=${VERSION} -X github.com/restow/restow/internal/version.Commit=${GIT_COMMIT}" -o kubectl-restow ./cmd/kubectl-restow
 
 # distroless: no shell, no package manager, non-root.
 FROM gcr.io/distroless/static:nonroot

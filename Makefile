@@ -28,7 +28,8 @@ GO_TEST_FLAGS ?= -race -count=1
 VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo v0.1.0-dev)
 IMAGE_REPO ?= ghcr.io/restow/restow
 IMG ?= $(IMAGE_REPO):$(VERSION)
-LDFLAGS ?= -s -w -X github.com/restow/restow/internal/version.Version=$(VERSION)
+GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS ?= -s -w -X github.com/restow/restow/internal/version.Version=$(VERSION) -X github.com/restow/restow/internal/version.Commit=$(GIT_COMMIT)
 
 # The Helm chart; its version is VERSION without the "v" (SemVer), its
 # appVersion VERSION itself, so the default image tag is IMG's.
@@ -156,7 +157,7 @@ run: ## Run the manager against the cluster in KUBECONFIG.
 
 .PHONY: docker-build
 docker-build: ## Build the container image (needs a Docker engine).
-	docker build --build-arg VERSION=$(VERSION) -t $(IMG) .
+	docker build --build-arg VERSION=$(VERSION) --build-arg GIT_COMMIT=$(GIT_COMMIT) -t $(IMG) .
 
 IMAGE_TAR ?= $(LOCALBIN)/restow-image.tar
 IMAGE_ARCH ?= $(GOARCH)

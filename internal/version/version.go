@@ -16,6 +16,11 @@ import (
 // version, or "devel" with the source revision.
 var Version = ""
 
+// Commit is the source revision, set at build time as Version is. A build
+// without it reports the revision Go recorded, if it recorded one (not
+// with -buildvcs=false, nor in a container build without .git).
+var Commit = ""
+
 // Info is what a binary knows of its build.
 type Info struct {
 	// Version is the release, e.g. v0.1.0, or devel+<revision> for an
@@ -31,9 +36,9 @@ type Info struct {
 
 // Get returns this binary's build information.
 func Get() Info {
-	info := Info{Version: Version, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	info := Info{Version: Version, GitCommit: Commit, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	build, ok := debug.ReadBuildInfo()
-	if ok {
+	if ok && info.GitCommit == "" {
 		for _, s := range build.Settings {
 			if s.Key == "vcs.revision" {
 				info.GitCommit = s.Value

@@ -7,12 +7,12 @@ import (
 )
 
 func TestGetReportsTheStampedVersion(t *testing.T) {
-	old := Version
-	t.Cleanup(func() { Version = old })
-	Version = "v1.2.3"
+	oldVersion, oldCommit := Version, Commit
+	t.Cleanup(func() { Version, Commit = oldVersion, oldCommit })
+	Version, Commit = "v1.2.3", "0123abcd"
 	info := Get()
-	if info.Version != "v1.2.3" {
-		t.Errorf("Get().Version = %q, want the stamped v1.2.3", info.Version)
+	if info.Version != "v1.2.3" || info.GitCommit != "0123abcd" {
+		t.Errorf("Get() = %+v, want the stamped v1.2.3 and commit 0123abcd", info)
 	}
 	if !strings.HasPrefix(info.String(), "v1.2.3") || !strings.Contains(info.String(), info.Platform) {
 		t.Errorf("String() = %q, want the version first and the platform", info.String())
