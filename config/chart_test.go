@@ -243,16 +243,10 @@ func TestChartInstall(t *testing.T) {
 
 	// A working operator: the manager as the chart's Deployment runs it,
 	// as the chart's service account, migrates a CRD (proven from etcd).
-	gizmos := installCRD(t, "chart.config.restow.dev", "Gizmo", "gizmos", 100)
-	manager := startDeployedManager(t, installed)
-	gizmos.switchStorage(t, "v1")
-	waitCondition(t, gizmos.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
-	gizmos.assertAllStoredAt(t, "v1")
-	gizmos.assertStoredVersions(t, "v1")
+	manager := assertDeployedManagerMigrates(t, installed, "chart.config.restow.dev", "Gizmo", "gizmos")
 	if err := manager.Stop(); err != nil {
 		t.Error(err)
 	}
-	deleteMigration(t, gizmos.crdName)
 
 	crd := find(t, installed, "CustomResourceDefinition")
 	if got := crd.GetAnnotations()["helm.sh/resource-policy"]; got != "keep" {

@@ -60,16 +60,10 @@ func TestInstallManifest(t *testing.T) {
 		}
 	}
 
-	widgets := installCRD(t, "install.config.restow.dev", "Widget", "widgets", 100)
-	manager := startDeployedManager(t, objs)
-	widgets.switchStorage(t, "v1")
-	waitCondition(t, widgets.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
-	widgets.assertAllStoredAt(t, "v1")
-	widgets.assertStoredVersions(t, "v1")
+	manager := assertDeployedManagerMigrates(t, objs, "install.config.restow.dev", "Widget", "widgets")
 	if info, err := manager.Metric(t.Context(), "restow_build_info", nil); err != nil || info != 1 {
 		t.Errorf("restow_build_info = %v (%v), want 1", info, err)
 	}
-	deleteMigration(t, widgets.crdName)
 }
 
 // readManifest decodes a multi-document YAML file as kubectl apply -f does.
@@ -126,5 +120,22 @@ func startDeployedManager(t *testing.T, objs []*unstructured.Unstructured) *oper
 			t.Errorf("the manager was refused something:\n%s", manager.Logs())
 		}
 	})
+	return manager
+}
+
+// assertDeployedManagerMigrates is the proof that an install brings up a
+// working operator: the manager, run as the rendered Deployment and its
+// service account say, migrates a new CRD of 100 objects in group once its
+// storage version switches, proven from etcd and status.storedVersions.
+// The manager keeps running until the test ends.
+func assertDeployedManagerMigrates(t *testing.T, objs []*unstructured.Unstructured, group, kind, plural string) *operator.Process {
+	t.Helper()
+	c := installCRD(t, group, kind, plural, 100)
+	manager := startDeployedManager(t, objs)
+	c.switchStorage(t, "v1")
+	waitCondition(t, c.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+	c.assertAllStoredAt(t, "v1")
+	c.assertStoredVersions(t, "v1")
+	deleteMigration(t, c.crdName)
 	return manager
 }

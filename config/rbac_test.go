@@ -172,13 +172,7 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 	})
 
 	t.Run("the manager binary as the service account", func(t *testing.T) {
-		widgets := installCRD(t, "stable.example.com", "Widget", "widgets", 200)
-		startDeployedManager(t, objs)
-		widgets.switchStorage(t, "v1")
-		waitCondition(t, widgets.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
-		widgets.assertAllStoredAt(t, "v1")
-		widgets.assertStoredVersions(t, "v1")
-		deleteMigration(t, widgets.crdName)
+		assertDeployedManagerMigrates(t, objs, "stable.example.com", "Widget", "widgets")
 	})
 }
 
