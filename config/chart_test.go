@@ -555,7 +555,7 @@ func TestChartRestrictedRBAC(t *testing.T) {
 	secrets := createSecrets(t, "chart-secrets", 20, "not-for-restow-"+randomHex(t))
 	stop := operator.Start(t, asServiceAccount(namespace, sa), env.Scheme, controllers.Options{AutoMigrate: true})
 	defer stop()
-	gizmos.switchStorage(t, "v1")
+	gizmos.SwitchStorage(t, "v1")
 	secretsMigration := &migrationv1alpha1.StorageMigration{
 		ObjectMeta: metav1.ObjectMeta{Name: "chart-secrets"},
 		Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
@@ -606,7 +606,7 @@ func TestChartRestrictedRBAC(t *testing.T) {
 func TestChartTestHook(t *testing.T) {
 	const name, namespace = "restow-hook", "restow-hook"
 	rel := installChart(t, name, namespace, nil)
-	var hooks []*unstructured.Unstructured
+	hooks := make([]*unstructured.Unstructured, 0, len(rel.Hooks))
 	for _, h := range rel.Hooks {
 		hooks = append(hooks, decodeManifests(t, h.Manifest)...)
 	}

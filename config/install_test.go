@@ -132,7 +132,7 @@ func assertDeployedManagerMigrates(t *testing.T, objs []*unstructured.Unstructur
 	t.Helper()
 	c := installCRD(t, group, kind, plural, 100)
 	manager := startDeployedManager(t, objs)
-	c.switchStorage(t, "v1")
+	c.SwitchStorage(t, "v1")
 	waitCondition(t, c.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
 	c.assertAllStoredAt(t, "v1")
 	c.assertStoredVersions(t, "v1")

@@ -79,7 +79,7 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 	t.Run("migrates a CRD and Secrets as the service account", func(t *testing.T) {
 		stop := operator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
 		defer stop()
-		crontabs.switchStorage(t, "v1")
+		crontabs.SwitchStorage(t, "v1")
 		// Every Secret in the cluster, the test's 50 and those other tests
 		// left (Helm keeps its releases in Secrets): nothing creates one
 		// while this migration runs.
@@ -133,7 +133,7 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 		apply(t, narrowed)
 		t.Cleanup(func() { apply(t, objs) })
 		outside := installCRD(t, "outside.config.restow.dev", "Gadget", "gadgets", 20)
-		outside.switchStorage(t, "v1")
+		outside.SwitchStorage(t, "v1")
 		stop := operator.Start(t, cfg, env.Scheme, controllers.Options{AutoMigrate: true})
 		defer stop()
 
@@ -285,8 +285,6 @@ func installCRD(t *testing.T, group, kind, plural string, objects int) crd {
 	c.CreateObjects(t, "v1beta1", objects, func(i int) map[string]any { return map[string]any{"n": int64(i)} }, "rbac-"+plural)
 	return c
 }
-
-func (c crd) switchStorage(t *testing.T, version string) { t.Helper(); c.SwitchStorage(t, version) }
 
 func (c crd) assertAllStoredAt(t *testing.T, version string) {
 	t.Helper()
