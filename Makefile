@@ -145,7 +145,7 @@ build-installer: manifests ## Write dist/install.yaml: config/default in one fil
 
 .PHONY: set-version
 set-version: ## Name VERSION as the release in config/manager (the release commit; see docs/release.md).
-	sed -i -E 's/^(  newTag: ).*/\1$(VERSION)/' config/manager/kustomization.yaml
+	sed -i.bak -E 's/^(  newTag: ).*/\1$(VERSION)/' config/manager/kustomization.yaml && rm -f config/manager/kustomization.yaml.bak
 
 .PHONY: demo
 demo: envtest-assets ## Run the demo on a throw-away control plane it starts itself (no cluster needed).

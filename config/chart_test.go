@@ -262,6 +262,40 @@ func TestChartInstall(t *testing.T) {
 	}
 }
 
+// TestChartServiceMonitor: with serviceMonitor.enabled, the chart renders a
+// ServiceMonitor that would scrape the metrics Service: same namespace, a
+// selector that picks the Service, a port the Service names, over HTTPS
+// with the scraper's token, and the labels the user's Prometheus selects.
+func TestChartServiceMonitor(t *testing.T) {
+	objs, _ := renderChart(t, "restow", "restow-system", map[string]any{
+		"serviceMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prometheus"}, "interval": "30s"},
+	})
+	monitor := find(t, objs, "ServiceMonitor")
+	var service corev1.Service
+	into(t, find(t, objs, "Service"), &service)
+	if monitor.GetNamespace() != service.Namespace {
+		t.Errorf("ServiceMonitor in %q, Service in %q", monitor.GetNamespace(), service.Namespace)
+	}
+	if monitor.GetLabels()["release"] != "prometheus" {
+		t.Errorf("ServiceMonitor labels %v lack serviceMonitor.labels", monitor.GetLabels())
+	}
+	matchLabels, _, _ := unstructured.NestedStringMap(monitor.Object, "spec", "selector", "matchLabels")
+	if len(matchLabels) == 0 || !labels.SelectorFromSet(matchLabels).Matches(labels.Set(service.Labels)) {
+		t.Errorf("ServiceMonitor selector %v does not select the metrics Service's labels %v", matchLabels, service.Labels)
+	}
+	endpoints, _, _ := unstructured.NestedSlice(monitor.Object, "spec", "endpoints")
+	if len(endpoints) != 1 {
+		t.Fatalf("ServiceMonitor endpoints %v, want one", endpoints)
+	}
+	endpoint := endpoints[0].(map[string]any)
+	if !slices.ContainsFunc(service.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == endpoint["port"] }) {
+		t.Errorf("ServiceMonitor scrapes port %v, which the Service %s does not name (%v)", endpoint["port"], service.Name, service.Spec.Ports)
+	}
+	if endpoint["scheme"] != "https" || endpoint["bearerTokenFile"] == nil || endpoint["interval"] != "30s" {
+		t.Errorf("ServiceMonitor endpoint %v: want HTTPS with the scraper's token every 30s", endpoint)
+	}
+}
+
 // TestChartManagerArgs: the default chart runs the manager with exactly
 // config/default's flags, and each value adds its flag only when set.
 func TestChartManagerArgs(t *testing.T) {
@@ -311,6 +345,7 @@ func TestChartValuesSchema(t *testing.T) {
 		{"replicaCount zero", map[string]any{"replicaCount": 0}, []string{"replicaCount"}},
 		{"migratedGroups a string", map[string]any{"rbac": map[string]any{"migratedGroups": "stable.example.com"}}, []string{"migratedGroups"}},
 		{"migratedGroups empty", map[string]any{"rbac": map[string]any{"migratedGroups": []any{}}}, []string{"migratedGroups"}},
+		{"a misspelt value", map[string]any{"concurency": 8}, []string{"concurency"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := templateChart(ch, "restow", "restow-system", tc.values)
@@ -718,7 +753,7 @@ func TestChartREADMEDocumentsEveryValue(t *testing.T) {
 		t.Fatal(err)
 	}
 	documented := func(path string) bool {
-		for prefix := path; prefix != ""; prefix, _, _ = cutLast(prefix, ".") {
+		for prefix := path; prefix != ""; prefix = parentPath(prefix) {
 			if strings.Contains(string(readme), "`"+prefix+"`") {
 				return true
 			}
@@ -750,12 +785,13 @@ func valuePaths(prefix string, values map[string]any) []string {
 	return paths
 }
 
-// cutLast is strings.Cut at the last sep.
-func cutLast(s, sep string) (before, after string, found bool) {
-	if i := strings.LastIndex(s, sep); i >= 0 {
-		return s[:i], s[i+len(sep):], true
+// parentPath is the dotted path of the map holding path's value: "" for a
+// top-level value.
+func parentPath(path string) string {
+	if i := strings.LastIndex(path, "."); i >= 0 {
+		return path[:i]
 	}
-	return "", s, false
+	return ""
 }
 
 // TestChartVersionFollowsMakefile: the chart in the tree names the version

@@ -1,9 +1,6 @@
 package config_test
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +11,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -38,7 +34,11 @@ func TestInstallManifest(t *testing.T) {
 	if err := os.WriteFile(file, manifest, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	objs := readManifest(t, file)
+	written, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := decodeManifests(t, string(written))
 	if want := len(render(t, "default")); len(objs) != want {
 		t.Errorf("install.yaml holds %d objects, config/default renders %d", len(objs), want)
 	}
@@ -63,30 +63,6 @@ func TestInstallManifest(t *testing.T) {
 	manager := assertDeployedManagerMigrates(t, objs, "install.config.restow.dev", "Widget", "widgets")
 	if info, err := manager.Metric(t.Context(), "restow_build_info", nil); err != nil || info != 1 {
 		t.Errorf("restow_build_info = %v (%v), want 1", info, err)
-	}
-}
-
-// readManifest decodes a multi-document YAML file as kubectl apply -f does.
-func readManifest(t *testing.T, file string) []*unstructured.Unstructured {
-	t.Helper()
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	decoder := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	var objs []*unstructured.Unstructured
-	for {
-		u := &unstructured.Unstructured{}
-		err := decoder.Decode(&u.Object)
-		if errors.Is(err, io.EOF) {
-			return objs
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", file, err)
-		}
-		if len(u.Object) > 0 {
-			objs = append(objs, u)
-		}
 	}
 }
 

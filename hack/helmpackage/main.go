@@ -78,7 +78,7 @@ func setImageRepository(ch *chart.Chart, repository string) error {
 		if n := len(imageRepositoryLine.FindAllIndex(f.Data, -1)); n != 1 {
 			return fmt.Errorf("values.yaml has %d lines like %q, want one", n, imageRepositoryLine)
 		}
-		f.Data = imageRepositoryLine.ReplaceAll(f.Data, []byte("  repository: "+repository))
+		f.Data = imageRepositoryLine.ReplaceAllLiteral(f.Data, []byte("  repository: "+repository))
 	}
 	return nil
 }

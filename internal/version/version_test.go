@@ -28,7 +28,7 @@ func TestUnstampedBuilds(t *testing.T) {
 		want   string
 	}{
 		{"go install from a tag", &debug.BuildInfo{Main: debug.Module{Version: "v0.2.0"}}, true, "abc", "v0.2.0"},
-		{"a work tree with a revision", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, true, "0123456789abcdef0123", "devel+0123456789ab"},
+		{"no module version (-buildvcs=false), a revision stamped", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, true, "0123456789abcdef0123", "devel+0123456789ab"},
 		{"no build information", nil, false, "", "devel"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
