@@ -624,9 +624,11 @@ func TestChartRestrictedRBAC(t *testing.T) {
 		}
 		// The Stalled migration is tried again on its own, with backoff.
 		sm := waitCondition(t, secretsMigration.Name, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
-		// Helm's release records are Secrets too.
-		if last := sm.Status.LastPass; last == nil || last.Listed < int64(len(secrets)) || last.Migrated+last.AlreadyStored != last.Listed || last.Failed != 0 {
-			t.Errorf("secrets' last pass = %+v, want at least the test's %d Secrets, all rewritten, none failed", last, len(secrets))
+		// Helm's release records are Secrets too, and Helm may still be
+		// writing the upgrade's: one it changes after the list is counted
+		// as changed by others (skipped), which is as good as rewritten.
+		if last := sm.Status.LastPass; last == nil || last.Listed < int64(len(secrets)) || last.Migrated+last.AlreadyStored+last.Skipped != last.Listed || last.Failed != 0 {
+			t.Errorf("secrets' last pass = %+v, want at least the test's %d Secrets, all rewritten or changed by others, none failed", last, len(secrets))
 		}
 	})
 }
