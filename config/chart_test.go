@@ -575,7 +575,6 @@ func managerServiceAccount(t *testing.T, rel *release.Release) string {
 // refusal. After `helm upgrade` lists "" too, the same StorageMigration
 // migrates every Secret.
 func TestChartRestrictedRBAC(t *testing.T) {
-	ctx := t.Context()
 	const name, namespace = "restow-narrow", "restow-narrow"
 	narrowed := map[string]any{"rbac": map[string]any{"migratedGroups": []any{"stable.example.com"}}}
 	rel := installChart(t, name, namespace, narrowed)
@@ -591,14 +590,7 @@ func TestChartRestrictedRBAC(t *testing.T) {
 	stop := operator.Start(t, asServiceAccount(namespace, sa), env.Scheme, controllers.Options{AutoMigrate: true})
 	defer stop()
 	gizmos.SwitchStorage(t, "v1")
-	secretsMigration := &migrationv1alpha1.StorageMigration{
-		ObjectMeta: metav1.ObjectMeta{Name: "chart-secrets"},
-		Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
-	}
-	if err := env.Client.Create(ctx, secretsMigration); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secretsMigration) })
+	secretsMigration := migrateSecrets(t, "chart-secrets")
 	t.Cleanup(func() { deleteMigration(t, gizmos.crdName) })
 
 	waitCondition(t, gizmos.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)

@@ -90,14 +90,7 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 		if len(all.Items) < len(secrets) {
 			t.Fatalf("%d Secrets in the cluster, fewer than the test's %d", len(all.Items), len(secrets))
 		}
-		secretsMigration := &migrationv1alpha1.StorageMigration{
-			ObjectMeta: metav1.ObjectMeta{Name: "secrets"},
-			Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
-		}
-		if err := env.Client.Create(ctx, secretsMigration); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secretsMigration) })
+		migrateSecrets(t, "secrets")
 
 		crontabsMigration := waitCondition(t, crontabs.crdName, migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
 		crontabs.assertAllStoredAt(t, "v1")
@@ -155,20 +148,13 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 
 		// Built-in resources are outside too unless "" is listed: the
 		// restricted profile cannot read Secrets.
-		secretsMigration := &migrationv1alpha1.StorageMigration{
-			ObjectMeta: metav1.ObjectMeta{Name: "restricted-secrets"},
-			Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
-		}
-		if err := env.Client.Create(ctx, secretsMigration); err != nil {
-			t.Fatal(err)
-		}
+		secretsMigration := migrateSecrets(t, "restricted-secrets")
 		sm = waitCondition(t, secretsMigration.Name, migrationv1alpha1.StalledCondition, migrationv1alpha1.UnsupportedReason)
 		stalled = apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition)
 		if !strings.Contains(stalled.Message, "forbidden") || !strings.Contains(stalled.Message, `"secrets"`) {
 			t.Errorf("Stalled message %q, want the API server's refusal naming secrets", stalled.Message)
 		}
 		t.Logf("Stalled: %s", stalled.Message)
-		deleteMigration(t, secretsMigration.Name)
 	})
 
 	t.Run("the manager binary as the service account", func(t *testing.T) {
@@ -342,6 +328,21 @@ func countChanges(t *testing.T, name string, d time.Duration) int {
 			return changes
 		}
 	}
+}
+
+// migrateSecrets asks for a migration of Secrets, a built-in resource
+// (nothing creates one automatically), deleted when the test ends.
+func migrateSecrets(t *testing.T, name string) *migrationv1alpha1.StorageMigration {
+	t.Helper()
+	sm := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
+	}
+	if err := env.Client.Create(t.Context(), sm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
+	return sm
 }
 
 // deleteMigration removes an automatic StorageMigration: the test control
