@@ -65,6 +65,8 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	if target.CRD != nil {
 		window.Go(func() { mg.closeWindowAt(ctx) })
 	}
+	// Only a migration that may prune re-checks, and needs the record.
+	mg.recordWrites = target.CRD != nil && opts.Prune && !target.Partial()
 	if mg.progress().Phase == PhaseRewriting {
 		if err := sleepUntil(ctx, mg.cp.StartTime.Add(informerLag)); err != nil {
 			return mg.result(), err
@@ -209,7 +211,7 @@ func (mg *migration) noteListSnapshot(resourceVersion string) {
 func (mg *migration) noteOwnWrite(resourceVersion string) {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	if mg.cp.ListResourceVersion == "" {
+	if !mg.recordWrites || mg.cp.ListResourceVersion == "" {
 		return
 	}
 	if after, err := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.ListResourceVersion); err != nil || after <= 0 {

@@ -15,7 +15,7 @@ import (
 // The re-check after the settle window picks exactly the objects whose last
 // write may have been on the old storage.
 func TestMustRecheck(t *testing.T) {
-	mg := &migration{proven: map[string]struct{}{}}
+	mg := &migration{proven: map[string]struct{}{}, recordWrites: true}
 	mg.cp.ListResourceVersion = "1000"
 	mg.noteOwnWrite("1005") // the pass's own write within the window
 	mg.noteOwnWrite("900")  // before the snapshot: nothing to record
@@ -48,8 +48,8 @@ func TestMustRecheck(t *testing.T) {
 
 	// Without the window's end or the snapshot, everything is re-checked.
 	for _, mg := range []*migration{
-		{proven: map[string]struct{}{}, cp: Checkpoint{ListResourceVersion: "1000"}},
-		{proven: map[string]struct{}{}, cp: Checkpoint{WindowEnd: "2000"}},
+		{proven: map[string]struct{}{}, recordWrites: true, cp: Checkpoint{ListResourceVersion: "1000"}},
+		{proven: map[string]struct{}{}, recordWrites: true, cp: Checkpoint{WindowEnd: "2000"}},
 	} {
 		if !mg.mustRecheck("500") {
 			t.Errorf("mustRecheck with snapshot %q and window end %q = false, want true", mg.cp.ListResourceVersion, mg.cp.WindowEnd)

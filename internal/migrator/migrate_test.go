@@ -320,3 +320,88 @@ func TestMigrateStops(t *testing.T) {
 	fx.AssertAllStoredAt(t, "v1beta1", 10)
 	fx.AssertStoredVersions(t, "v1beta1", "v1")
 }
+
+// TestCheckpointWaitsForEarlierPages: workers move on to later pages while
+// an object of an earlier one is still in flight, but the checkpoint never
+// passes that object. Here the first object listed hangs until the
+// migration is cancelled, after every later page was rewritten: the last
+// checkpoint holds nothing done, and the migration resumed from it rewrites
+// the hung object (etcd). A checkpoint that committed later pages first
+// would count them done, with a token past the hung object (this test then
+// fails: tried).
+func TestCheckpointWaitsForEarlierPages(t *testing.T) {
+	fx := switched(t, "order.migrator.restow.dev", 200)
+	var rewritten atomic.Int64
+	hung := "/namespaces/m-0/widgets/obj-00000"
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Method != http.MethodPatch {
+				return rt.RoundTrip(req)
+			}
+			if strings.HasSuffix(req.URL.Path, hung) {
+				<-req.Context().Done()
+				return nil, req.Context().Err()
+			}
+			resp, err := rt.RoundTrip(req)
+			rewritten.Add(1)
+			return resp, err
+		})
+	}
+	m, err := migrator.NewForConfig(cfg, env.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := resolve(t, m, fx)
+	opts := migrator.Options{Concurrency: 8, PageSize: 50, Prune: true, SettleWindow: time.Second}
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		// Every object but the hung one: all four pages were handed out.
+		_ = wait(ctx, func() bool { return rewritten.Load() >= 199 })
+		cancel()
+	}()
+	var last migrator.Progress
+	var mu sync.Mutex
+	_, err = m.Migrate(ctx, target, opts, func(p migrator.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		last = p
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Migrate = %v, want cancelled", err)
+	}
+	if got := rewritten.Load(); got < 199 {
+		t.Fatalf("%d objects rewritten before the cancel, want every one but the hung one", got)
+	}
+	mu.Lock()
+	checkpoint := last.Checkpoint
+	mu.Unlock()
+	if checkpoint.Continue != "" || checkpoint.Done() != 0 {
+		t.Errorf("checkpoint: token %q, %d done; want no page committed while its first object hung", checkpoint.Continue, checkpoint.Done())
+	}
+	fx.AssertStored(t, map[string]int{"v1": 199, "v1beta1": 1})
+
+	m2, _ := newMigrator(t)
+	opts.Resume = &checkpoint
+	result, err := m2.Migrate(t.Context(), resolve(t, m2, fx), opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Listed != 200 || result.Failed != 0 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
+		t.Errorf("resumed result = %+v, want 200 listed, v1beta1 pruned", result)
+	}
+	fx.AssertAllStoredAt(t, "v1", 200)
+	fx.AssertStoredVersions(t, "v1")
+}
+
+// wait polls done until it holds or ctx ends.
+func wait(ctx context.Context, done func() bool) error {
+	for !done() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}

@@ -44,12 +44,18 @@ type Migrator struct {
 	Discovery clientdiscovery.DiscoveryInterface
 	// Mapper resolves resources that are not served from a CRD.
 	Mapper meta.RESTMapper
+	// Throttle, if set, sees the API server's 429 answers to Metadata's
+	// requests, so passes slow down at once (pace.go).
+	Throttle *Throttle
 }
 
 // NewForConfig builds a migrator on cfg whose reads are all uncached: c
 // reads and writes CRDs, and metadata, discovery and a dynamic RESTMapper are
 // made from cfg.
 func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
+	throttle := &Throttle{}
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(throttle.Wrap)
 	meta, err := metadata.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -66,7 +72,7 @@ func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper}, nil
+	return &Migrator{Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper, Throttle: throttle}, nil
 }
 
 // Target is a resource resolved for a migration.

@@ -24,7 +24,9 @@ import (
 
 // Defaults for a migration.
 const (
-	DefaultConcurrency = 16
+	// DefaultConcurrency is the upper bound of a pass's pace: it finds the
+	// pace the API server can take below it (pace.go).
+	DefaultConcurrency = 64
 	DefaultPageSize    = 500
 	// DefaultSettleWindow is twice kube-apiserver's default --request-timeout
 	// of 60 s: the API server tears a CRD's old storage down at the latest
@@ -98,7 +100,12 @@ const (
 
 // Options tune a migration.
 type Options struct {
+	// Concurrency is the most rewrites a pass has in flight at once. The
+	// pass paces itself below it, to what the API server can take.
 	Concurrency int
+	// FixedConcurrency keeps Concurrency rewrites in flight, without
+	// pacing: for measurements.
+	FixedConcurrency bool
 	PageSize    int64
 	// ViaStatus rewrites through the /status subresource.
 	ViaStatus bool
@@ -168,6 +175,9 @@ type Progress struct {
 	Retrying string
 	// SettleUntil is when the settle window ends.
 	SettleUntil time.Time
+	// Concurrency is the pace: how many rewrites the pass has in flight
+	// at most now.
+	Concurrency int
 }
 
 // Result is the outcome of a migration that reached its end.
@@ -201,6 +211,8 @@ type migration struct {
 	// observing delivers progress in order: a snapshot and its delivery
 	// happen under it, so an older snapshot never overwrites a newer one.
 	observing sync.Mutex
+	// pace limits the rewrites in flight; each pass sets its own.
+	pace *pacer
 
 	mu sync.Mutex
 	// cp is committed at page boundaries.
@@ -210,9 +222,10 @@ type migration struct {
 	settleUntil time.Time
 	stopErr     error
 	// proven records the resourceVersions the pass's own rewrites produced
-	// or confirmed after the list snapshot, until cp.WindowEnd is known; see
-	// finish.go.
-	proven map[string]struct{}
+	// or confirmed after the list snapshot, until cp.WindowEnd is known, when
+	// recordWrites says the re-check will need them; see finish.go.
+	proven       map[string]struct{}
+	recordWrites bool
 }
 
 func newMigration(m *Migrator, target Target, opts Options, observe Observer) *migration {
@@ -293,6 +306,9 @@ func (mg *migration) progress() Progress {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
 	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SettleUntil: mg.settleUntil}
+	if mg.pace != nil {
+		p.Concurrency = mg.pace.current()
+	}
 	p.Failures = append([]Failure(nil), mg.cp.Failures...)
 	return p
 }
@@ -314,6 +330,21 @@ type tally struct {
 	failures                                 []Failure
 }
 
+// maxPagesAhead bounds the pages a pass holds: listed, or rewritten but not
+// yet committed because an earlier page still has an object retrying.
+const maxPagesAhead = 4
+
+// pageWork is a page being rewritten. Workers move on to the next page while
+// the last objects of one are still in flight; pages are committed in list
+// order, each once every object on it is done, so the checkpoint's token
+// never passes an object that was not.
+type pageWork struct {
+	pg      page
+	tally   tally
+	pending atomic.Int64
+	done    bool
+}
+
 // pass lists every object and rewrites it: every object in the first pass,
 // from the checkpoint's token; in the re-check only the objects
 // mustRecheck picks, from the first page.
@@ -324,6 +355,9 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 	if !recheck {
 		token = mg.cp.Continue
 	}
+	mg.mu.Lock()
+	mg.pace = newPacer(ctx, mg.opts.Concurrency, mg.opts.FixedConcurrency, mg.m.Throttle)
+	mg.mu.Unlock()
 
 	// List one page ahead, so workers do not wait for the list between pages.
 	pages := make(chan page, 1)
@@ -333,45 +367,85 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 		listErr <- mg.list(ctx, token, pages)
 	}()
 
+	// Pages are committed in the order they were listed.
+	var order struct {
+		sync.Mutex
+		queue []*pageWork
+		// broken stops commits for good: an object on a page was not done.
+		broken bool
+	}
+	ahead := make(chan struct{}, maxPagesAhead)
+	finish := func(pw *pageWork) {
+		order.Lock()
+		pw.done = true
+		committed := false
+		for len(order.queue) > 0 && order.queue[0].done {
+			head := order.queue[0]
+			order.queue = order.queue[1:]
+			if !order.broken && ctx.Err() == nil {
+				mg.commit(head.pg, &head.tally, recheck)
+				committed = true
+			} else {
+				order.broken = true
+			}
+			<-ahead
+		}
+		order.Unlock()
+		if committed {
+			mg.report()
+		}
+	}
+
 	type job struct {
-		obj   metav1.PartialObjectMetadata
-		tally *tally
+		obj  metav1.PartialObjectMetadata
+		page *pageWork
 	}
 	work := make(chan job)
-	var pageDone, workers sync.WaitGroup
+	var workers sync.WaitGroup
 	for range mg.opts.Concurrency {
 		workers.Go(func() {
 			for j := range work {
-				if err := mg.rewrite(ctx, j.obj, j.tally); err != nil {
+				if err := mg.rewrite(ctx, j.obj, &j.page.tally); err != nil {
 					mg.stop(err)
 					cancel()
 				}
-				pageDone.Done()
+				if j.page.pending.Add(-1) == 0 {
+					finish(j.page)
+				}
 			}
 		})
 	}
+dispatch:
 	for pg := range pages {
 		if !recheck {
 			mg.noteListSnapshot(pg.resourceVersion)
 		}
-		t := &tally{}
+		select {
+		case ahead <- struct{}{}:
+		case <-ctx.Done():
+			break dispatch
+		}
+		pw := &pageWork{pg: pg}
+		// The page counts as pending until every object is handed out.
+		pw.pending.Store(1)
+		order.Lock()
+		order.queue = append(order.queue, pw)
+		order.Unlock()
 		for _, obj := range pg.items {
 			if recheck && !mg.mustRecheck(obj.ResourceVersion) {
 				continue
 			}
-			pageDone.Add(1)
+			pw.pending.Add(1)
 			select {
-			case work <- job{obj: obj, tally: t}:
+			case work <- job{obj: obj, page: pw}:
 			case <-ctx.Done():
-				pageDone.Done()
+				// Never handed out: the page stays unfinished.
+				break dispatch
 			}
 		}
-		pageDone.Wait()
-		if ctx.Err() != nil {
-			break
+		if pw.pending.Add(-1) == 0 {
+			finish(pw)
 		}
-		mg.commit(pg, t, recheck)
-		mg.report()
 	}
 	close(work)
 	workers.Wait()
@@ -705,7 +779,12 @@ func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadat
 	if err != nil {
 		return false, err
 	}
+	if err := mg.pace.acquire(ctx); err != nil {
+		return false, err
+	}
+	start := mg.pace.now()
 	written, err := mg.client(obj.Namespace).Patch(ctx, obj.Name, types.MergePatchType, data, metav1.PatchOptions{}, subresources...)
+	mg.pace.release(start, err)
 	if err != nil {
 		return false, err
 	}

@@ -1,0 +1,122 @@
+package migrator
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// simulatedServer answers every request in base latency while at most
+// capacity are in flight; beyond, the rest queue and latency grows in
+// proportion, as on a CPU-bound API server.
+type simulatedServer struct {
+	base     time.Duration
+	capacity int
+}
+
+func (s simulatedServer) latency(inFlight int) time.Duration {
+	return s.base * time.Duration(max(inFlight, s.capacity)) / time.Duration(s.capacity)
+}
+
+// run drives p against s for rounds rounds on a fake clock: each round fills
+// every slot, then the requests end together. It returns the limit after
+// each round.
+func run(t *testing.T, p *pacer, s func() simulatedServer, rounds int) []int {
+	t.Helper()
+	clock := time.Unix(0, 0)
+	p.now = func() time.Time { return clock }
+	p.window.start = clock
+	var limits []int
+	for range rounds {
+		n := p.current()
+		for range n {
+			if err := p.acquire(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := clock
+		clock = clock.Add(s().latency(n))
+		for range n {
+			p.release(start, nil)
+		}
+		limits = append(limits, p.current())
+	}
+	return limits
+}
+
+// The pace settles just past the API server's capacity, where throughput
+// has stopped growing and latency starts to.
+func TestPacerFindsTheCapacity(t *testing.T) {
+	p := newPacer(t.Context(), 64, false, nil)
+	limits := run(t, p, func() simulatedServer { return simulatedServer{base: 5 * time.Millisecond, capacity: 8} }, 2000)
+	for _, l := range limits[1000:] {
+		if l < 8 || l > 20 {
+			t.Fatalf("limit %d after settling (history %v), want 8 to 20 for a capacity of 8", l, limits[990:1010])
+		}
+	}
+}
+
+// On an API server that does not slow down, the pace reaches the upper
+// bound and stays there.
+func TestPacerReachesTheBound(t *testing.T) {
+	p := newPacer(t.Context(), 64, false, nil)
+	limits := run(t, p, func() simulatedServer { return simulatedServer{base: 5 * time.Millisecond, capacity: 1000} }, 500)
+	if l := limits[len(limits)-1]; l != 64 {
+		t.Errorf("limit %d, want the bound 64", l)
+	}
+	for _, l := range limits {
+		if l > 64 {
+			t.Fatalf("limit %d above the bound 64", l)
+		}
+	}
+}
+
+// When other clients load the API server (its latency triples at the same
+// pace), the pass slows down.
+func TestPacerYields(t *testing.T) {
+	p := newPacer(t.Context(), 64, false, nil)
+	base := 5 * time.Millisecond
+	server := func() simulatedServer { return simulatedServer{base: base, capacity: 16} }
+	before := run(t, p, server, 1000)
+	base = 15 * time.Millisecond
+	after := run(t, p, server, 1000)
+	if b, a := before[len(before)-1], after[len(after)-1]; a >= b/2 {
+		t.Errorf("limit %d before others' load, %d with it; want it at least halved", b, a)
+	}
+}
+
+// A 429 halves the pace at once, and no request starts before its
+// Retry-After has passed.
+func TestPacerHonoursRetryAfter(t *testing.T) {
+	throttle := &Throttle{}
+	p := newPacer(t.Context(), 64, false, throttle)
+	run(t, p, func() simulatedServer { return simulatedServer{base: 5 * time.Millisecond, capacity: 1000} }, 200)
+	if l := p.current(); l != 64 {
+		t.Fatalf("limit %d before the 429, want 64", l)
+	}
+	if err := p.acquire(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	throttle.note(time.Second)
+	p.release(p.now(), nil)
+	if l := p.current(); l != 32 {
+		t.Errorf("limit %d after one 429, want 32", l)
+	}
+	// acquire waits out the Retry-After in real time.
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if err := p.acquire(ctx); err == nil {
+		t.Error("a request started within the Retry-After")
+	}
+}
+
+// A fixed pace keeps the bound, whatever the latency.
+func TestPacerFixed(t *testing.T) {
+	p := newPacer(t.Context(), 16, true, &Throttle{})
+	limits := run(t, p, func() simulatedServer { return simulatedServer{base: 5 * time.Millisecond, capacity: 2} }, 200)
+	for _, l := range limits {
+		if l != 16 {
+			t.Fatalf("fixed limit moved to %d", l)
+		}
+	}
+}
