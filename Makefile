@@ -115,8 +115,18 @@ test-e2e: envtest-assets ## Run the end-to-end suite: the manager binary as a pr
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test -tags e2e $(E2E_FLAGS) ./e2e/
 
 .PHONY: bench
-bench: envtest-assets ## Run the benchmarks on the source-built control plane, writing docs/bench/ (about 30 minutes).
+bench: envtest-assets ## Run the benchmarks on the source-built control plane, writing docs/bench/ with CPU profiles (about 40 minutes).
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_BENCH_SIZES=$(RESTOW_BENCH_SIZES) RESTOW_BENCH_OUT=$(RESTOW_BENCH_OUT) \
+	  RESTOW_BENCH_PROFILE=$(RESTOW_BENCH_OUT)/profiles \
+	  go test -run '^$$' -bench . $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
+
+# The scale point: the manager as deployed (default settle window) over
+# 200,000 objects, for its memory and status writes (about 20 minutes).
+RESTOW_BENCH_SCALE ?= 200000
+
+.PHONY: bench-scale
+bench-scale: envtest-assets ## Run the manager over RESTOW_BENCH_SCALE objects once, writing docs/bench/scale/.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_BENCH_SIZES=$(RESTOW_BENCH_SCALE) RESTOW_BENCH_OUT=$(RESTOW_BENCH_OUT)/scale \
 	  go test -run '^$$' -bench . $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
 
 # The compat runs check the API server's behaviour, not data races: make

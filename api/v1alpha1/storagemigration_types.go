@@ -44,7 +44,8 @@ type StorageMigrationSpec struct {
 	// +optional
 	RewriteViaStatus *bool `json:"rewriteViaStatus,omitempty"`
 
-	// concurrency is the number of objects rewritten in parallel. When unset the
+	// concurrency is the most objects rewritten in parallel: the pass paces
+	// itself below it, to what the API server can take. When unset the
 	// operator's --concurrency flag applies.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=256

@@ -30,6 +30,7 @@ type options struct {
 	secureMetrics        bool
 	enableHTTP2          bool
 	probeAddr            string
+	pprofAddr            string
 	leaderElect          bool
 	leaderElectNamespace string
 	leaseDuration        time.Duration
@@ -56,6 +57,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS, for authenticated and authorized clients only.")
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve metrics over HTTP/2 too (off: HTTP/2 Rapid Reset and Stream Cancellation, CVE-2023-44487 and CVE-2023-39325).")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", `Address of Go's /debug/pprof endpoints, for profiling; empty (or "0") turns them off.`)
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader so only one replica migrates at a time.")
 	fs.StringVar(&o.leaderElectNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the pod's namespace.")
 	// Longer than client-go's 15/10/2 s, as cert-manager's 60/40 s: a
@@ -73,7 +75,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	// and Fairness does the throttling (config/flowcontrol).
 	fs.Float64Var(&o.qps, "kube-api-qps", 1000, "Client-side rate limit on requests to the API server, per second.")
 	fs.IntVar(&o.burst, "kube-api-burst", 2000, "Client-side burst of requests to the API server.")
-	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency.")
+	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Most objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency: each pass paces itself below it, to what the API server can take.")
 	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
 	fs.DurationVar(&o.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after it sees a storage switch a pass waits before it re-checks what others wrote and prunes status.storedVersions: writes that began on the old storage may commit until then. At least twice the API server's --request-timeout (default 60s).")
 	fs.DurationVar(&o.statusInterval, "status-interval", 5*time.Second, "How often a running pass writes its progress into status.")
@@ -147,6 +149,7 @@ func run(args []string) error {
 		Scheme:                        scheme,
 		Metrics:                       metricsOpts,
 		HealthProbeBindAddress:        opts.probeAddr,
+		PprofBindAddress:              opts.pprofAddr,
 		LeaderElection:                opts.leaderElect,
 		LeaderElectionID:              "restow.migration.restow.dev",
 		LeaderElectionNamespace:       opts.leaderElectNamespace,

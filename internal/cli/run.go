@@ -75,7 +75,7 @@ rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 	cmd.Flags().BoolVar(&opts.dryRun, "dry-run", false, "List and count the objects, write nothing.")
 	cmd.Flags().BoolVar(&opts.prune, "prune-stored-versions", true, "After a pass without failures, trim the CRD's status.storedVersions to the storage version.")
 	cmd.Flags().BoolVar(&opts.viaStatus, "via-status", false, "Rewrite through the /status subresource (steps around admission on the main resource).")
-	cmd.Flags().IntVar(&opts.concurrency, "concurrency", migrator.DefaultConcurrency, "Objects rewritten in parallel.")
+	cmd.Flags().IntVar(&opts.concurrency, "concurrency", migrator.DefaultConcurrency, "Most objects rewritten in parallel; the pass paces itself below it.")
 	cmd.Flags().Int64Var(&opts.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page.")
 	cmd.Flags().DurationVar(&opts.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after the storage switch writes that began on the old storage may still commit: at least twice the API server's --request-timeout.")
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", 0, "Give up after this long (0: no limit).")

@@ -120,3 +120,17 @@ func (e *ControlPlane) WriteKubeconfigAs(path, user string, groups ...string) er
 	}
 	return os.WriteFile(path, raw, 0o600)
 }
+
+// ConfigAs returns a client configuration that authenticates with a client
+// certificate as user in groups, unlike Config's administrator: RBAC
+// authorizes its requests and API Priority and Fairness classifies them
+// (system:masters is exempt from both).
+func (e *ControlPlane) ConfigAs(user string, groups ...string) (*rest.Config, error) {
+	added, err := e.environment.AddUser(envtest.User{Name: user, Groups: groups}, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg := added.Config()
+	cfg.QPS, cfg.Burst = e.Config.QPS, e.Config.Burst
+	return cfg, nil
+}

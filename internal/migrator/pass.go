@@ -106,7 +106,7 @@ type Options struct {
 	// FixedConcurrency keeps Concurrency rewrites in flight, without
 	// pacing: for measurements.
 	FixedConcurrency bool
-	PageSize    int64
+	PageSize         int64
 	// ViaStatus rewrites through the /status subresource.
 	ViaStatus bool
 	// RetryBackoff spaces retries of transient errors; zero means DefaultRetryBackoff.

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -67,13 +68,37 @@ type strategy struct {
 	series      string
 	concurrency int
 	pass        func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error
+	// migrate, when set, runs a whole migration (restow's default): the
+	// pass is timed from its first request to its end, and the settle
+	// window and the re-check are reported apart.
+	migrate *migrator.Options
+	// busy writes to this share of the objects during the first pass,
+	// within the settle window, as another client would.
+	busy float64
 	// operator, when not nil, runs cmd/manager as a process with these
 	// extra flags and times its automatic migration instead of pass.
 	operator []string
+	// yield runs the pass as a service account under the shipped API
+	// Priority and Fairness objects beside a steady writer, and reports the
+	// writer's latency.
+	yield bool
+	// profile records CPU profiles of this process and the API server
+	// during the pass, when RESTOW_BENCH_PROFILE names a directory.
+	profile bool
+	// scale strategies run only at sizes above scaleObjects, and only they.
+	scale bool
 }
 
+// scaleObjects is the largest size of the comparison; above it only the
+// scale strategies run (make bench-scale).
+const scaleObjects = 50000
+
+// sweepConcurrency are the worker counts of the bare loop, and of restow
+// held at a fixed concurrency, in the plot of objects/s against workers.
+var sweepConcurrency = []int{4, 8, 16, 32, 64}
+
 func strategies() []strategy {
-	restow := func(opts migrator.Options) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
+	fixed := func(opts migrator.Options) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 		return func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 			target, err := c.migrator.Resolve(ctx, gvr.GroupResource())
 			if err != nil {
@@ -86,27 +111,36 @@ func strategies() []strategy {
 			return err
 		}
 	}
-	c16 := migrator.DefaultConcurrency
-	out := append(make([]strategy, 0, 17),
-		strategy{name: "restow", series: "restow", concurrency: c16, pass: restow(migrator.Options{})},
-		strategy{name: "restow-c64", series: "restow", concurrency: 64, pass: restow(migrator.Options{Concurrency: 64})},
-		strategy{name: "restow-noop", noop: true, pass: restow(migrator.Options{})},
-		strategy{name: "operator", operator: []string{}},
-		strategy{name: "bare-patch-c16", series: "bare patch loop", concurrency: c16, pass: barePatchLoop(c16)},
-		strategy{name: "bare-patch-c64", series: "bare patch loop", concurrency: 64, pass: barePatchLoop(64)},
-		strategy{name: "sequential-patch", series: "sequential patch", concurrency: 1, pass: sequentialPatch},
-		strategy{name: "sequential-put", series: "sequential PUT", concurrency: 1, pass: sequentialPut},
+	// The settle window is a safety wait, not work: short here, so it ends
+	// during the pass, and the re-check after it is measured on its own.
+	defaults := &migrator.Options{Prune: true, SettleWindow: time.Second}
+	out := []strategy{
+		{name: "restow", migrate: defaults, profile: true},
+		{name: "restow-noop", noop: true, pass: fixed(migrator.Options{})},
+		{name: "operator", operator: []string{}},
+	}
+	for _, c := range sweepConcurrency {
+		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), profile: c == 16})
+	}
+	for _, c := range sweepConcurrency {
+		out = append(out, strategy{name: fmt.Sprintf("restow-fixed-c%d", c), sweep: true, series: "restow, fixed concurrency", concurrency: c,
+			pass: fixed(migrator.Options{Concurrency: c, FixedConcurrency: true})})
+	}
+	out = append(out,
+		strategy{name: "sequential-patch", sweep: true, series: "sequential patch", concurrency: 1, pass: sequentialPatch},
+		strategy{name: "sequential-put", sweep: true, series: "sequential PUT", concurrency: 1, pass: sequentialPut},
+		strategy{name: "restow-p100", sweep: true, pass: fixed(migrator.Options{PageSize: 100})},
+		strategy{name: "restow-p2000", sweep: true, pass: fixed(migrator.Options{PageSize: 2000})},
+		// Others write to 1% of the objects within the settle window: the
+		// re-check rewrites those again, and only those.
+		strategy{name: "restow-busy", sweep: true, migrate: &migrator.Options{Prune: true, SettleWindow: 10 * time.Second}, busy: 0.01},
+		strategy{name: "yield-restow", sweep: true, yield: true, migrate: defaults},
+		strategy{name: "yield-bare-patch-c16", sweep: true, yield: true, pass: barePatchLoop(16)},
+		strategy{name: "yield-bare-patch-c64", sweep: true, yield: true, pass: barePatchLoop(64)},
+		// The manager as deployed, with the default settle window, for
+		// its memory and status writes at scale.
+		strategy{name: "operator-scale", scale: true, operator: []string{"--settle-window=2m"}},
 	)
-	for _, c := range []int{4, 8, 32} {
-		out = append(out,
-			strategy{name: fmt.Sprintf("restow-c%d", c), sweep: true, series: "restow", concurrency: c, pass: restow(migrator.Options{Concurrency: c})},
-			strategy{name: fmt.Sprintf("bare-patch-c%d", c), sweep: true, series: "bare patch loop", concurrency: c, pass: barePatchLoop(c)})
-	}
-	for _, size := range []int64{100, 2000} {
-		out = append(out, strategy{name: fmt.Sprintf("restow-p%d", size), sweep: true, pass: restow(migrator.Options{PageSize: size})})
-	}
-	// The manager's former client-side limit, for the record of why it went.
-	out = append(out, strategy{name: "operator-qps200", sweep: true, operator: []string{"--kube-api-qps=200", "--kube-api-burst=400"}})
 	return out
 }
 
@@ -114,25 +148,33 @@ func strategies() []strategy {
 // The in-process strategies share them.
 type clients struct {
 	requests atomic.Int64
+	// first is when the first request since requests was reset was sent
+	// (Unix nanoseconds).
+	first    atomic.Int64
 	migrator *migrator.Migrator
 	metadata metadata.Interface
 	dynamic  dynamic.Interface
 }
 
 type countingTransport struct {
-	rt http.RoundTripper
-	n  *atomic.Int64
+	rt    http.RoundTripper
+	n     *atomic.Int64
+	first *atomic.Int64
 }
 
 func (t countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	t.n.Add(1)
+	if t.n.Add(1) == 1 {
+		t.first.CompareAndSwap(0, time.Now().UnixNano())
+	}
 	return t.rt.RoundTrip(r)
 }
 
-func newClients(b *testing.B) *clients {
+func newClients(b *testing.B, config *rest.Config) *clients {
 	c := &clients{}
-	cfg := rest.CopyConfig(env.Config)
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt: rt, n: &c.requests} }
+	cfg := rest.CopyConfig(config)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return countingTransport{rt: rt, n: &c.requests, first: &c.first}
+	}
 	var err error
 	if c.metadata, err = metadata.NewForConfig(cfg); err != nil {
 		b.Fatal(err)
@@ -265,7 +307,10 @@ func BenchmarkCompare(b *testing.B) {
 			f := newCompareFixture(b, n)
 			for _, s := range strategies() {
 				b.Run(s.name, func(b *testing.B) {
-					if s.sweep && n != sweepObjects {
+					switch {
+					case s.scale != (n > scaleObjects):
+						b.Skipf("above %d objects only the scale strategies run, and only there", scaleObjects)
+					case s.sweep && n != sweepObjects:
 						b.Skipf("sweeps run at %d objects only", sweepObjects)
 					}
 					if s.operator != nil {
@@ -298,7 +343,7 @@ func newCompareFixture(b *testing.B, n int) *compareFixture {
 	fx.Labels = map[string]string{benchLabel: strconv.Itoa(n)}
 	fx.Install(b, "v1beta1", "v1")
 	createObjects(b, fx, n)
-	return &compareFixture{fx: fx, n: n, group: fx.Group, crdName: fx.CRDName(), clients: newClients(b), storage: "v1beta1"}
+	return &compareFixture{fx: fx, n: n, group: fx.Group, crdName: fx.CRDName(), clients: newClients(b, env.Config), storage: "v1beta1"}
 }
 
 func (f *compareFixture) gvr() schema.GroupVersionResource {
@@ -331,6 +376,22 @@ type figures struct {
 	// operator rows.
 	PeakRSSMiB   float64 `json:"peakRSSMiB,omitempty"`
 	StatusWrites float64 `json:"statusWritesPerPass,omitempty"`
+	// PassSeconds is the time of the pass, from its first request to its
+	// last object, or for the operator from the storage switch to the prune.
+	PassSeconds float64 `json:"passSeconds"`
+	// MeanConcurrency is a paced pass's mean pace.
+	MeanConcurrency float64 `json:"meanConcurrency,omitempty"`
+	// The finish of a whole migration: the requests of the re-check after
+	// the settle window, the objects it rewrote again, and the time from
+	// the end of the pass to the prune.
+	RecheckRequests float64 `json:"recheckRequests,omitempty"`
+	PassRequests    float64 `json:"passRequests,omitempty"`
+	Rechecked       float64 `json:"rechecked,omitempty"`
+	OthersWrote     float64 `json:"othersWrote,omitempty"`
+	FinishSeconds   float64 `json:"finishSeconds,omitempty"`
+	// The steady writer's latency alone and during the pass, for the
+	// yield rows.
+	Writer *writerFigures `json:"writer,omitempty"`
 }
 
 // report attaches the figures to the benchmark's output and keeps them for
@@ -345,14 +406,39 @@ func report(b *testing.B, fig figures) {
 	} else {
 		b.ReportMetric(fig.PeakHeapGrowthMiB, "peak-heap-growth-MiB")
 	}
+	if fig.MeanConcurrency > 0 {
+		b.ReportMetric(fig.MeanConcurrency, "mean-pace")
+	}
+	if fig.PassRequests > 0 {
+		b.ReportMetric(fig.RecheckRequests/fig.PassRequests, "recheck-requests/pass-requests")
+	}
+	if w := fig.Writer; w != nil {
+		b.ReportMetric(w.AloneP99Ms, "writer-alone-p99-ms")
+		b.ReportMetric(w.DuringP99Ms, "writer-p99-ms")
+	}
 	record(fig)
+}
+
+// measured is one pass's figures.
+type measured struct {
+	pass                   time.Duration
+	requests               int64
+	apiserverCPU           time.Duration
+	pace                   float64
+	recheckRequests        int64
+	rechecked, othersWrote int64
+	finish                 time.Duration
 }
 
 func (f *compareFixture) run(b *testing.B, s strategy) {
 	ctx := b.Context()
-	var requests int64
-	var apiserverCPU time.Duration
+	c := f.clients
+	if s.yield {
+		c = yieldClients(b)
+	}
+	var total measured
 	var peakGrowth uint64
+	var writer writerFigures
 	for b.Loop() {
 		b.StopTimer()
 		if s.noop {
@@ -361,35 +447,166 @@ func (f *compareFixture) run(b *testing.B, s strategy) {
 		} else if err := f.switchStorage(ctx); err != nil {
 			b.Fatal(err)
 		}
+		var w *steadyWriter
+		if s.yield {
+			alone := startWriter(b)
+			time.Sleep(writerAlone)
+			writer.alone = append(writer.alone, alone.stop()...)
+			w = startWriter(b)
+		}
+		stopProfiles := f.startProfiles(b, s)
 		runtime.GC()
 		sampler := startHeapSampler()
-		f.clients.requests.Store(0)
-		cpuBefore, err := env.APIServerCPU()
-		if err != nil {
-			b.Fatal(err)
-		}
 		b.StartTimer()
-		err = s.pass(ctx, f.clients, f.gvr())
+		m, err := f.runPass(ctx, c, s)
 		b.StopTimer()
-		cpuAfter, cpuErr := env.APIServerCPU()
-		peakGrowth = max(peakGrowth, sampler.stop())
-		if err != nil || cpuErr != nil {
-			b.Fatalf("%s: %v %v", s.name, err, cpuErr)
+		stopProfiles()
+		if w != nil {
+			writer.during = append(writer.during, w.stop()...)
 		}
-		requests += f.clients.requests.Load()
-		apiserverCPU += cpuAfter - cpuBefore
+		peakGrowth = max(peakGrowth, sampler.stop())
+		if err != nil {
+			b.Fatalf("%s: %v", s.name, err)
+		}
+		total.pass += m.pass
+		total.requests += m.requests
+		total.apiserverCPU += m.apiserverCPU
+		total.pace += m.pace
+		total.recheckRequests += m.recheckRequests
+		total.rechecked += m.rechecked
+		total.othersWrote += m.othersWrote
+		total.finish += m.finish
 		f.assertStored(b)
 		b.StartTimer()
 	}
 	b.StopTimer()
-	objects := float64(f.n) * float64(b.N)
-	report(b, figures{
+	runs := float64(b.N)
+	objects := float64(f.n) * runs
+	fig := figures{
 		Objects: f.n, Strategy: s.name, Series: s.series, Concurrency: s.concurrency,
-		ObjectsPerSec:     objects / b.Elapsed().Seconds(),
-		Requests:          float64(requests) / objects,
-		APIServerCPUMs:    float64(apiserverCPU.Microseconds()) / 1000 / objects,
+		ObjectsPerSec:     objects / total.pass.Seconds(),
+		Requests:          float64(total.requests) / objects,
+		APIServerCPUMs:    float64(total.apiserverCPU.Microseconds()) / 1000 / objects,
 		PeakHeapGrowthMiB: float64(peakGrowth) / (1 << 20),
+		PassSeconds:       total.pass.Seconds() / runs,
+		MeanConcurrency:   total.pace / runs,
+	}
+	if s.migrate != nil {
+		fig.PassRequests = float64(total.requests) / runs
+		fig.RecheckRequests = float64(total.recheckRequests) / runs
+		fig.Rechecked = float64(total.rechecked) / runs
+		fig.OthersWrote = float64(total.othersWrote) / runs
+		fig.FinishSeconds = total.finish.Seconds() / runs
+	}
+	if s.yield {
+		fig.Writer = writer.figures()
+	}
+	report(b, fig)
+}
+
+// runPass runs one pass of s and measures it: for a whole migration, the
+// first pass apart from the settle window and the re-check.
+func (f *compareFixture) runPass(ctx context.Context, c *clients, s strategy) (measured, error) {
+	var target migrator.Target
+	if s.migrate != nil {
+		var err error
+		// Resolving waits for the API server's switch: not part of the pass.
+		if target, err = c.migrator.Resolve(ctx, f.gvr().GroupResource()); err != nil {
+			return measured{}, err
+		}
+	}
+	c.requests.Store(0)
+	c.first.Store(0)
+	cpuBefore, err := env.APIServerCPU()
+	if err != nil {
+		return measured{}, err
+	}
+	start := time.Now()
+	if s.migrate == nil {
+		err := s.pass(ctx, c, f.gvr())
+		m := measured{pass: time.Since(start), requests: c.requests.Load()}
+		cpuAfter, cpuErr := env.APIServerCPU()
+		m.apiserverCPU = cpuAfter - cpuBefore
+		return m, errors.Join(err, cpuErr)
+	}
+
+	var mu sync.Mutex
+	var m measured
+	var passEnd time.Time
+	var paces []int
+	var recheckStart int64
+	var observeErr error
+	busy := f.startBusyWriter(ctx, s)
+	result, err := c.migrator.Migrate(ctx, target, *s.migrate, func(p migrator.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case p.Phase == migrator.PhaseRewriting && p.Concurrency > 0:
+			paces = append(paces, p.Concurrency)
+		case p.Phase == migrator.PhaseSettling && passEnd.IsZero():
+			passEnd = time.Now()
+			m.requests = c.requests.Load()
+			cpuAfter, err := env.APIServerCPU()
+			m.apiserverCPU, observeErr = cpuAfter-cpuBefore, err
+		case p.Phase == migrator.PhaseRechecking && recheckStart == 0:
+			recheckStart = c.requests.Load()
+		}
 	})
+	end := time.Now()
+	m.othersWrote = busy()
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case err != nil || observeErr != nil:
+		return m, errors.Join(err, observeErr)
+	case result.Failed > 0:
+		return m, fmt.Errorf("%d objects failed: %+v", result.Failed, result.Failures)
+	case passEnd.IsZero() || recheckStart == 0 || len(result.Pruned) == 0:
+		return m, fmt.Errorf("the migration did not settle, re-check and prune: %+v", result)
+	}
+	m.pass = passEnd.Sub(time.Unix(0, c.first.Load()))
+	m.recheckRequests = c.requests.Load() - recheckStart
+	m.rechecked = result.Rechecked
+	m.finish = end.Sub(passEnd)
+	for _, p := range paces {
+		m.pace += float64(p) / float64(len(paces))
+	}
+	return m, nil
+}
+
+// startBusyWriter, for a busy strategy, changes a share of the objects as
+// another client would, while the first pass runs and within the settle
+// window. The returned function waits for it and says how many it changed.
+func (f *compareFixture) startBusyWriter(ctx context.Context, s strategy) func() int64 {
+	if s.busy == 0 {
+		return func() int64 { return 0 }
+	}
+	k := int(float64(f.n) * s.busy)
+	var wrote atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		// Begin after the pass's first list, spread over two seconds.
+		time.Sleep(1500 * time.Millisecond)
+		// Not through the counting clients: these requests are not the pass's.
+		others, err := metadata.NewForConfig(env.Config)
+		if err != nil {
+			return
+		}
+		resource := others.Resource(f.gvr())
+		for i := range k {
+			n := i * (f.n / k)
+			patch := fmt.Appendf(nil, `{"metadata":{"labels":{"bench.restow.dev/touched":"%d"}}}`, time.Now().UnixNano())
+			_, err := resource.Namespace(fmt.Sprintf("bench-%d", n%10)).Patch(ctx, fmt.Sprintf("obj-%05d", n), types.MergePatchType, patch, metav1.PatchOptions{})
+			if err == nil {
+				wrote.Add(1)
+			}
+			time.Sleep(2 * time.Second / time.Duration(k))
+		}
+	})
+	return func() int64 {
+		wg.Wait()
+		return wrote.Load()
+	}
 }
 
 // runOperator times the operator as users run it: cmd/manager as a process
@@ -466,6 +683,7 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		APIServerCPUMs: float64(apiserverCPU.Microseconds()) / 1000 / objects,
 		PeakRSSMiB:     float64(peakRSS) / (1 << 20),
 		StatusWrites:   statusWrites / float64(b.N),
+		PassSeconds:    b.Elapsed().Seconds() / float64(b.N),
 	})
 }
 

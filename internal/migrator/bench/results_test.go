@@ -35,8 +35,9 @@ func record(fig figures) {
 
 // writeResults writes the run's figures into RESTOW_BENCH_OUT, if set:
 // figures.json, results.md (the tables of docs/benchmarks.md), and the plots
-// throughput.png (objects/s against concurrency) and memory.png (peak memory
-// against the number of objects).
+// throughput.png (objects/s against concurrency), compare.png (restow, the
+// manager and the best bare loop against the number of objects) and
+// memory.png (peak memory against the number of objects).
 func writeResults() error {
 	dir := os.Getenv("RESTOW_BENCH_OUT")
 	results.Lock()
@@ -61,11 +62,26 @@ func writeResults() error {
 	if err := plotThroughput(all, filepath.Join(dir, "throughput.png")); err != nil {
 		return err
 	}
+	if err := plotCompare(all, filepath.Join(dir, "compare.png")); err != nil {
+		return err
+	}
 	return plotMemory(all, filepath.Join(dir, "memory.png"))
 }
 
-// tables renders one Markdown table per size, in the order strategies()
-// lists the strategies, with each row's ratio to the bare loop at 16 workers.
+// bestBare is the fastest bare loop at objects, if any ran.
+func bestBare(all []figures, objects int) (figures, bool) {
+	var best figures
+	for _, f := range all {
+		if f.Objects == objects && strings.HasPrefix(f.Strategy, "bare-patch-c") && f.ObjectsPerSec > best.ObjectsPerSec {
+			best = f
+		}
+	}
+	return best, best.Strategy != ""
+}
+
+// tables renders, per size, the comparison (each row's ratio to the best
+// bare loop at that size), then the finish of the whole migrations and the
+// steady writer's latency, in the order strategies() lists the strategies.
 func tables(all []figures) string {
 	order := map[string]int{}
 	for i, s := range strategies() {
@@ -76,27 +92,63 @@ func tables(all []figures) string {
 	})
 	var out strings.Builder
 	for i, f := range all {
+		if f.Writer != nil {
+			continue
+		}
 		if i == 0 || all[i-1].Objects != f.Objects {
 			fmt.Fprintf(&out, "\n### %s objects\n\n", thousands(f.Objects))
-			out.WriteString("| strategy | objects/s | × bare-patch-c16 | requests/object | API server CPU ms/object | peak memory | status writes/pass |\n")
-			out.WriteString("| --- | --- | --- | --- | --- | --- | --- |\n")
-		}
-		bare := 0.0
-		for _, g := range all {
-			if g.Objects == f.Objects && g.Strategy == "bare-patch-c16" {
-				bare = g.ObjectsPerSec
+			if best, ok := bestBare(all, f.Objects); ok {
+				fmt.Fprintf(&out, "Best bare loop: %s, %s objects/s.\n\n", best.Strategy, thousands(int(best.ObjectsPerSec+0.5)))
 			}
+			out.WriteString("| strategy | objects/s | × best bare loop | pass s | requests/object | API server CPU ms/object | peak memory | status writes/pass | mean pace |\n")
+			out.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		}
-		ratio, memory, writes := "–", fmt.Sprintf("%.1f MiB heap growth", f.PeakHeapGrowthMiB), "–"
-		if bare > 0 {
-			ratio = fmt.Sprintf("%.2f", f.ObjectsPerSec/bare)
+		ratio, memory, writes, pace := "–", fmt.Sprintf("%.1f MiB heap growth", f.PeakHeapGrowthMiB), "–", "–"
+		if best, ok := bestBare(all, f.Objects); ok {
+			ratio = fmt.Sprintf("%.2f", f.ObjectsPerSec/best.ObjectsPerSec)
 		}
 		if f.PeakRSSMiB > 0 {
 			memory = fmt.Sprintf("%.1f MiB manager RSS", f.PeakRSSMiB)
 			writes = fmt.Sprintf("%.0f", f.StatusWrites)
 		}
-		fmt.Fprintf(&out, "| %s | %s | %s | %.4f | %.2f | %s | %s |\n",
-			f.Strategy, thousands(int(f.ObjectsPerSec+0.5)), ratio, f.Requests, f.APIServerCPUMs, memory, writes)
+		if f.MeanConcurrency > 0 {
+			pace = fmt.Sprintf("%.1f", f.MeanConcurrency)
+		}
+		fmt.Fprintf(&out, "| %s | %s | %s | %.1f | %.4f | %.2f | %s | %s | %s |\n",
+			f.Strategy, thousands(int(f.ObjectsPerSec+0.5)), ratio, f.PassSeconds, f.Requests, f.APIServerCPUMs, memory, writes, pace)
+	}
+
+	var finish, writer []figures
+	for _, f := range all {
+		if f.PassRequests > 0 {
+			finish = append(finish, f)
+		}
+		if f.Writer != nil {
+			writer = append(writer, f)
+		}
+	}
+	if len(finish) > 0 {
+		out.WriteString("\n### The finish: the re-check after the settle window\n\n")
+		out.WriteString("| strategy | objects | pass requests | written by others in the window | re-checked | re-check requests | × pass requests | pass end to prune, s |\n")
+		out.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, f := range finish {
+			fmt.Fprintf(&out, "| %s | %s | %s | %.0f | %.0f | %.0f | %.4f | %.1f |\n",
+				f.Strategy, thousands(f.Objects), thousands(int(f.PassRequests)), f.OthersWrote, f.Rechecked, f.RecheckRequests, f.RecheckRequests/f.PassRequests, f.FinishSeconds)
+		}
+	}
+	if len(writer) > 0 {
+		out.WriteString("\n### Yield: a steady writer's latency (50 writes/s) alone and during the pass\n\n")
+		out.WriteString("| pass, as restow's service account | objects | objects/s | mean pace | writer p50 alone, ms | p99 alone | p50 during | p99 during | p99 during / alone | writes alone, during |\n")
+		out.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, f := range writer {
+			w := f.Writer
+			pace := "–"
+			if f.MeanConcurrency > 0 {
+				pace = fmt.Sprintf("%.1f", f.MeanConcurrency)
+			}
+			fmt.Fprintf(&out, "| %s | %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %d, %d |\n",
+				f.Strategy, thousands(f.Objects), thousands(int(f.ObjectsPerSec+0.5)), pace, w.AloneP50Ms, w.AloneP99Ms, w.DuringP50Ms, w.DuringP99Ms, w.DuringP99Ms/w.AloneP99Ms, w.AloneWrites, w.DuringWrites)
+		}
 	}
 	return strings.TrimPrefix(out.String(), "\n")
 }
@@ -110,24 +162,30 @@ func thousands(n int) string {
 }
 
 // plotThroughput draws objects/s against concurrency at sweepObjects, one
-// line per series.
+// line per series, and restow's paced pass at its mean pace.
 func plotThroughput(all []figures, path string) error {
 	series := map[string]plotter.XYs{}
 	var names []string
+	add := func(name string, xy plotter.XY) {
+		if _, ok := series[name]; !ok {
+			names = append(names, name)
+		}
+		series[name] = append(series[name], xy)
+	}
 	for _, f := range all {
-		if f.Objects != sweepObjects || f.Series == "" {
-			continue
+		switch {
+		case f.Objects != sweepObjects:
+		case f.Strategy == "restow" && f.MeanConcurrency > 0:
+			add("restow, paced (at its mean pace)", plotter.XY{X: f.MeanConcurrency, Y: f.ObjectsPerSec})
+		case f.Series != "":
+			add(f.Series, plotter.XY{X: float64(f.Concurrency), Y: f.ObjectsPerSec})
 		}
-		if _, ok := series[f.Series]; !ok {
-			names = append(names, f.Series)
-		}
-		series[f.Series] = append(series[f.Series], plotter.XY{X: float64(f.Concurrency), Y: f.ObjectsPerSec})
 	}
 	if len(names) == 0 {
 		return nil
 	}
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Rewrite throughput, %s objects of ~1 KiB", thousands(sweepObjects))
+	p.Title.Text = fmt.Sprintf("Rewrite throughput against workers, %s objects of ~1 KiB", thousands(sweepObjects))
 	p.X.Label.Text = "concurrent requests (workers)"
 	p.Y.Label.Text = "objects/s"
 	p.X.Scale = plot.LogScale{}
@@ -147,6 +205,59 @@ func plotThroughput(all []figures, path string) error {
 	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
 }
 
+// plotCompare draws objects/s against the number of objects for restow's
+// paced pass, the manager as users run it (storage switch to prune) and the
+// best bare loop at each size.
+func plotCompare(all []figures, path string) error {
+	var pass, manager, bare plotter.XYs
+	var sizes []float64
+	for _, f := range all {
+		switch f.Strategy {
+		case "restow":
+			pass = append(pass, plotter.XY{X: float64(f.Objects), Y: f.ObjectsPerSec})
+		case "operator":
+			manager = append(manager, plotter.XY{X: float64(f.Objects), Y: f.ObjectsPerSec})
+		default:
+			continue
+		}
+		if best, ok := bestBare(all, f.Objects); ok && !slices.Contains(sizes, float64(f.Objects)) {
+			sizes = append(sizes, float64(f.Objects))
+			bare = append(bare, plotter.XY{X: float64(f.Objects), Y: best.ObjectsPerSec})
+		}
+	}
+	if len(pass)+len(manager) == 0 {
+		return nil
+	}
+	p := plot.New()
+	p.Title.Text = "restow against the best bare loop of each size"
+	p.X.Label.Text = "objects"
+	p.Y.Label.Text = "objects/s"
+	p.X.Scale = plot.LogScale{}
+	slices.Sort(sizes)
+	p.X.Tick.Marker = plot.ConstantTicks(ticks(sizes...))
+	p.Y.Min = 0
+	p.Legend.Top = true
+	p.Legend.Left = true
+	var lines []any
+	for _, s := range []struct {
+		name   string
+		points plotter.XYs
+	}{
+		{"restow pass, paced (first request to last object)", pass},
+		{"manager process (storage switch to prune)", manager},
+		{"best bare loop of 4 to 64 workers", bare},
+	} {
+		if len(s.points) > 0 {
+			slices.SortFunc(s.points, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+			lines = append(lines, s.name, s.points)
+		}
+	}
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return err
+	}
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
 // plotMemory draws peak memory against the number of objects: the manager
 // process's peak resident set, and the heap growth of restow's default pass
 // in the benchmark process.
@@ -155,7 +266,7 @@ func plotMemory(all []figures, path string) error {
 	sizes := make([]float64, 0, len(all))
 	for _, f := range all {
 		switch f.Strategy {
-		case "operator":
+		case "operator", "operator-scale":
 			rss = append(rss, plotter.XY{X: float64(f.Objects), Y: f.PeakRSSMiB})
 		case "restow":
 			heap = append(heap, plotter.XY{X: float64(f.Objects), Y: f.PeakHeapGrowthMiB})
