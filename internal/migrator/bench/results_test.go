@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -22,15 +23,43 @@ var results struct {
 	all []figures
 }
 
-// record keeps fig, replacing earlier figures of the same strategy and size
-// (the testing package runs a benchmark once with b.N = 1 before the real run).
+// record keeps fig, replacing earlier figures of the same strategy, size
+// and round (the testing package may run a benchmark once with b.N = 1
+// before the real run).
 func record(fig figures) {
 	results.Lock()
 	defer results.Unlock()
 	results.all = slices.DeleteFunc(results.all, func(f figures) bool {
-		return f.Objects == fig.Objects && f.Strategy == fig.Strategy
+		return f.Objects == fig.Objects && f.Strategy == fig.Strategy && f.Round == fig.Round
 	})
 	results.all = append(results.all, fig)
+}
+
+// medians reduces the rounds of each strategy and size to the round with
+// the median objects/s (the lower middle one of an even count), noting how
+// many rounds there were and their range.
+func medians(all []figures) []figures {
+	groups := map[[2]string][]figures{}
+	var keys [][2]string
+	for _, f := range all {
+		key := [2]string{strconv.Itoa(f.Objects), f.Strategy}
+		if _, ok := groups[key]; !ok {
+			keys = append(keys, key)
+		}
+		groups[key] = append(groups[key], f)
+	}
+	out := make([]figures, 0, len(keys))
+	for _, key := range keys {
+		rounds := groups[key]
+		slices.SortFunc(rounds, func(a, b figures) int { return cmp.Compare(a.ObjectsPerSec, b.ObjectsPerSec) })
+		median := rounds[(len(rounds)-1)/2]
+		if len(rounds) > 1 {
+			median.Rounds = len(rounds)
+			median.MinObjectsPerSec, median.MaxObjectsPerSec = rounds[0].ObjectsPerSec, rounds[len(rounds)-1].ObjectsPerSec
+		}
+		out = append(out, median)
+	}
+	return out
 }
 
 // writeResults writes the run's figures into RESTOW_BENCH_OUT, if set:
@@ -56,6 +85,8 @@ func writeResults() error {
 	if err := os.WriteFile(filepath.Join(dir, "figures.json"), append(raw, '\n'), 0o644); err != nil {
 		return err
 	}
+	// figures.json keeps every round; the tables and plots show medians.
+	all = medians(all)
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(tables(all)), 0o644); err != nil {
 		return err
 	}
@@ -100,10 +131,13 @@ func tables(all []figures) string {
 			if best, ok := bestBare(all, f.Objects); ok {
 				fmt.Fprintf(&out, "Best bare loop: %s, %s objects/s.\n\n", best.Strategy, thousands(int(best.ObjectsPerSec+0.5)))
 			}
-			out.WriteString("| strategy | objects/s | × best bare loop | pass s | requests/object | API server CPU ms/object | peak memory | status writes/pass | mean pace |\n")
-			out.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+			out.WriteString("| strategy | objects/s | rounds: range | × best bare loop | pass s | requests/object | API server CPU ms/object | peak memory | status writes/pass | mean pace |\n")
+			out.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		}
-		ratio, memory, writes, pace := "–", fmt.Sprintf("%.1f MiB heap growth", f.PeakHeapGrowthMiB), "–", "–"
+		ratio, memory, writes, pace, spread := "–", fmt.Sprintf("%.1f MiB heap growth", f.PeakHeapGrowthMiB), "–", "–", "1"
+		if f.Rounds > 1 {
+			spread = fmt.Sprintf("median of %d: %s–%s", f.Rounds, thousands(int(f.MinObjectsPerSec+0.5)), thousands(int(f.MaxObjectsPerSec+0.5)))
+		}
 		if best, ok := bestBare(all, f.Objects); ok {
 			ratio = fmt.Sprintf("%.2f", f.ObjectsPerSec/best.ObjectsPerSec)
 		}
@@ -114,8 +148,8 @@ func tables(all []figures) string {
 		if f.MeanConcurrency > 0 {
 			pace = fmt.Sprintf("%.1f", f.MeanConcurrency)
 		}
-		fmt.Fprintf(&out, "| %s | %s | %s | %.1f | %.4f | %.2f | %s | %s | %s |\n",
-			f.Strategy, thousands(int(f.ObjectsPerSec+0.5)), ratio, f.PassSeconds, f.Requests, f.APIServerCPUMs, memory, writes, pace)
+		fmt.Fprintf(&out, "| %s | %s | %s | %s | %.1f | %.4f | %.2f | %s | %s | %s |\n",
+			f.Strategy, thousands(int(f.ObjectsPerSec+0.5)), spread, ratio, f.PassSeconds, f.Requests, f.APIServerCPUMs, memory, writes, pace)
 	}
 
 	var finish, writer []figures

@@ -230,7 +230,7 @@ const profileSeconds = 10
 // returned function waits for both.
 func (f *compareFixture) startProfiles(b *testing.B, s strategy) func() {
 	dir := os.Getenv("RESTOW_BENCH_PROFILE")
-	if dir == "" || !s.profile || f.n != sweepObjects {
+	if dir == "" || !s.profile || f.n != sweepObjects || f.round > 0 {
 		return func() {}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
