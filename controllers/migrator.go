@@ -2,18 +2,18 @@ package controllers
 
 import (
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/metadata"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/restow/restow/internal/migrator"
 )
 
-// NewMigrator builds a migrator on a manager's connection. Its reads are
-// uncached: CRDs through the API reader, objects as metadata-only pages,
-// discovery without a cache.
+// NewMigrator builds a migrator on a manager's configuration. Its reads are
+// uncached: CRDs through the API reader, objects as metadata-only pages (on
+// a connection of their own, whose 429 answers slow every pass down at
+// once), discovery without a cache.
 func NewMigrator(mgr ctrl.Manager) (*migrator.Migrator, error) {
 	cfg := mgr.GetConfig()
-	meta, err := metadata.NewForConfigAndClient(cfg, mgr.GetHTTPClient())
+	meta, throttle, err := migrator.ThrottledMetadata(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -27,5 +27,6 @@ func NewMigrator(mgr ctrl.Manager) (*migrator.Migrator, error) {
 		Metadata:  meta,
 		Discovery: disco,
 		Mapper:    mgr.GetRESTMapper(),
+		Throttle:  throttle,
 	}, nil
 }

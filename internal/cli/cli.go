@@ -15,7 +15,6 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/metadata"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -145,7 +144,7 @@ func (f *factory) clients() (*clients, error) {
 		return nil, err
 	}
 	c := client.WithFieldOwner(watcher, fieldManager)
-	meta, err := metadata.NewForConfig(cfg)
+	meta, throttle, err := migrator.ThrottledMetadata(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +158,7 @@ func (f *factory) clients() (*clients, error) {
 		watcher: watcher,
 		mapper:  mapper,
 		migrator: &migrator.Migrator{
-			Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper,
+			Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper, Throttle: throttle,
 		},
 	}, nil
 }

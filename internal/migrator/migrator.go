@@ -53,10 +53,7 @@ type Migrator struct {
 // reads and writes CRDs, and metadata, discovery and a dynamic RESTMapper are
 // made from cfg.
 func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
-	throttle := &Throttle{}
-	cfg = rest.CopyConfig(cfg)
-	cfg.Wrap(throttle.Wrap)
-	meta, err := metadata.NewForConfig(cfg)
+	meta, throttle, err := ThrottledMetadata(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -73,6 +70,20 @@ func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
 		return nil, err
 	}
 	return &Migrator{Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper, Throttle: throttle}, nil
+}
+
+// ThrottledMetadata returns a metadata client for a Migrator, on a
+// connection of its own made from cfg, whose 429 answers the returned
+// Throttle sees.
+func ThrottledMetadata(cfg *rest.Config) (metadata.Interface, *Throttle, error) {
+	throttle := &Throttle{}
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(throttle.Wrap)
+	meta, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return meta, throttle, nil
 }
 
 // Target is a resource resolved for a migration.

@@ -101,18 +101,13 @@ func newPacer(ctx context.Context, upper int, fixed bool, throttle *Throttle) *p
 	return p
 }
 
-// acquire waits for a free slot under the limit, and past any Retry-After
-// the API server asked for.
+// acquire waits for a free slot under the limit, then past any Retry-After
+// the API server asked for, also one that came while it waited for the slot.
 func (p *pacer) acquire(ctx context.Context) error {
-	if p.throttle != nil {
-		if err := sleepUntil(ctx, p.throttle.until()); err != nil {
-			return err
-		}
-	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	for p.inFlight >= p.limit {
 		if err := ctx.Err(); err != nil {
+			p.mu.Unlock()
 			return err
 		}
 		p.changed.Wait()
@@ -121,7 +116,22 @@ func (p *pacer) acquire(ctx context.Context) error {
 	if p.inFlight >= p.limit {
 		p.window.full = true
 	}
+	p.mu.Unlock()
+	if p.throttle != nil {
+		if err := sleepUntil(ctx, p.throttle.until()); err != nil {
+			p.cancel()
+			return err
+		}
+	}
 	return nil
+}
+
+// cancel frees a slot that was not used.
+func (p *pacer) cancel() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inFlight--
+	p.changed.Signal()
 }
 
 // release frees the slot of a request that began at start and ended with err.
@@ -137,9 +147,12 @@ func (p *pacer) release(start time.Time, err error) {
 	case overloaded(err):
 		p.window.overloaded = true
 	}
-	if !p.fixed && now.Sub(p.window.start) >= paceWindow && p.window.n >= paceWindowSamples*p.limit {
+	switch {
+	case p.fixed:
+	case p.window.overloaded, p.throttled():
+		// Overload ends the window at once: no more successes may come.
 		p.adjust(now)
-	} else if p.throttled() {
+	case now.Sub(p.window.start) >= paceWindow && p.window.n >= paceWindowSamples*p.limit:
 		p.adjust(now)
 	}
 	p.changed.Signal()

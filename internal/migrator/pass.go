@@ -203,7 +203,7 @@ type migration struct {
 	observe  Observer
 	resource metadata.Getter
 
-	// successes counts requests that succeeded, as evidence that the API
+	// successes counts patches that succeeded, as evidence that the API
 	// server works while one object keeps failing.
 	successes atomic.Int64
 	// retrying counts objects whose requests are failing transiently now.
@@ -580,9 +580,6 @@ func (mg *migration) listThrough(ctx context.Context, resource metadata.Resource
 		klog.FromContext(ctx).V(2).Info("Continue token expired, continuing the list", "restarted", token == "")
 		list, err = resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
 	}
-	if err == nil {
-		mg.successes.Add(1)
-	}
 	return list, err
 }
 
@@ -630,15 +627,21 @@ func (mg *migration) rewrite(ctx context.Context, obj metav1.PartialObjectMetada
 
 // failsAlone decides, once one object's retries are spent, whether it fails
 // alone: fewer than half of the workers are retrying too, and the API server
-// answered another request since the object's first attempt (or answers a
-// one-object list now). When everything fails (the API server or a
-// conversion webhook down), the pass stops instead and resumes later.
+// rewrote another object since this one's first attempt, or, when no other
+// object is retrying, answers a one-object list now. Lists alone are no
+// evidence while others fail too: with the pace cut to a request or two by
+// timeouts, few objects are retrying at any moment, and the pass's lists
+// still succeed. When everything fails (the API server or a conversion
+// webhook down), the pass stops instead and resumes later.
 func (mg *migration) failsAlone(ctx context.Context, successesBefore int64) bool {
-	if 2*(mg.retrying.Load()) >= int64(mg.opts.Concurrency) {
+	retrying := mg.retrying.Load()
+	switch {
+	case 2*retrying >= int64(mg.opts.Concurrency):
 		return false
-	}
-	if mg.successes.Load() > successesBefore {
+	case mg.successes.Load() > successesBefore:
 		return true
+	case retrying > 0:
+		return false
 	}
 	_, err := mg.listPage(ctx, "", 1)
 	return err == nil
