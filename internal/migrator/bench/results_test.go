@@ -225,7 +225,7 @@ func plotThroughput(all []figures, path string) error {
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.ConstantTicks(ticks(1, 4, 8, 16, 32, 64))
 	p.Y.Min = 0
-	p.Legend.Top = true
+	p.Legend.Top = false // the lines run high; below them is free
 	p.Legend.Left = true
 	var lines []any
 	for _, name := range names {
@@ -270,7 +270,7 @@ func plotCompare(all []figures, path string) error {
 	slices.Sort(sizes)
 	p.X.Tick.Marker = plot.ConstantTicks(ticks(sizes...))
 	p.Y.Min = 0
-	p.Legend.Top = true
+	p.Legend.Top = false // the lines run high; below them is free
 	p.Legend.Left = true
 	var lines []any
 	for _, s := range []struct {
