@@ -21,7 +21,7 @@ envtest_assets = $(LOCALBIN)/k8s/$(1)-$(GOOS)-$(GOARCH)
 ENVTEST_ASSETS ?= $(call envtest_assets,$(K8S_VERSION))
 
 # Packages with tests: everything but e2e, which has its own build tag and target.
-GO_TEST_FLAGS ?= -race -count=1
+GO_TEST_FLAGS ?= -race -count=1 -timeout 30m
 # The one version string of a build: stamped into both binaries (--version,
 # kubectl restow version, the restow_build_info metric) and into the image
 # reference of the install manifests. A release sets it from its tag.
