@@ -69,9 +69,6 @@ type pacer struct {
 	// throttles is the throttle count already acted on.
 	throttles int64
 	window    paceSample
-	// sum and samples add up limit×window for Mean.
-	limitTime   float64
-	limitWindow time.Duration
 }
 
 // paceSample is one window's measurement.
@@ -167,8 +164,6 @@ func (p *pacer) throttled() bool {
 func (p *pacer) adjust(now time.Time) {
 	w := p.window
 	p.window = paceSample{start: now}
-	p.limitTime += float64(p.limit) * now.Sub(w.start).Seconds()
-	p.limitWindow += now.Sub(w.start)
 	before := p.limit
 	switch {
 	case p.throttled() || w.overloaded:
@@ -209,16 +204,6 @@ func (p *pacer) current() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.limit
-}
-
-// mean is the time-weighted mean limit so far, or the limit before the first window.
-func (p *pacer) mean() float64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.limitWindow == 0 {
-		return float64(p.limit)
-	}
-	return p.limitTime / p.limitWindow.Seconds()
 }
 
 // overloaded reports whether err says the API server is overloaded: a 429

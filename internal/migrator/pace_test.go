@@ -26,7 +26,7 @@ func run(t *testing.T, p *pacer, s func() simulatedServer, rounds int) []int {
 	clock := time.Unix(0, 0)
 	p.now = func() time.Time { return clock }
 	p.window.start = clock
-	var limits []int
+	limits := make([]int, 0, rounds)
 	for range rounds {
 		n := p.current()
 		for range n {

@@ -122,11 +122,11 @@ func strategies() []strategy {
 	// The settle window is a safety wait, not work: short here, so it ends
 	// during the pass, and the re-check after it is measured on its own.
 	defaults := &migrator.Options{Prune: true, SettleWindow: time.Second}
-	out := []strategy{
-		{name: "restow", migrate: defaults, profile: true, interleave: true},
-		{name: "restow-noop", noop: true, pass: fixed(migrator.Options{})},
-		{name: "operator", operator: []string{}},
-	}
+	out := append(make([]strategy, 0, 3+2*len(sweepConcurrency)+9),
+		strategy{name: "restow", migrate: defaults, profile: true, interleave: true},
+		strategy{name: "restow-noop", noop: true, pass: fixed(migrator.Options{})},
+		strategy{name: "operator", operator: []string{}},
+	)
 	for _, c := range sweepConcurrency {
 		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), profile: c == 16, interleave: true})
 	}
