@@ -218,22 +218,47 @@ func plotThroughput(all []figures, path string) error {
 	if len(names) == 0 {
 		return nil
 	}
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Rewrite throughput against workers, %s objects of ~1 KiB", thousands(sweepObjects))
-	p.X.Label.Text = "concurrent requests (workers)"
-	p.Y.Label.Text = "objects/s"
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.ConstantTicks(ticks(1, 4, 8, 16, 32, 64))
-	p.Y.Min = 0
-	p.Legend.Top = false // the lines run high; below them is free
-	p.Legend.Left = true
-	var lines []any
+	p := newPlot(fmt.Sprintf("Rewrite throughput against workers, %s objects of ~1 KiB", thousands(sweepObjects)),
+		"concurrent requests (workers)", "objects/s", ticks(1, 4, 8, 16, 32, 64), false)
+	lines := make([]line, 0, len(names))
 	for _, name := range names {
-		points := series[name]
-		slices.SortFunc(points, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-		lines = append(lines, name, points)
+		lines = append(lines, line{name, series[name]})
 	}
-	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+	return savePlot(p, path, lines)
+}
+
+// line is one named series of a plot.
+type line struct {
+	name   string
+	points plotter.XYs
+}
+
+// newPlot starts a plot with a logarithmic x axis at xTicks and a y axis
+// from 0, its legend on the left, at the top or (where the lines run high)
+// at the bottom.
+func newPlot(title, xLabel, yLabel string, xTicks []plot.Tick, legendTop bool) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xLabel
+	p.Y.Label.Text = yLabel
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.ConstantTicks(xTicks)
+	p.Y.Min = 0
+	p.Legend.Top = legendTop
+	p.Legend.Left = true
+	return p
+}
+
+// savePlot draws each line that has points, in order of x, and writes the plot to path.
+func savePlot(p *plot.Plot, path string, lines []line) error {
+	var args []any
+	for _, l := range lines {
+		if len(l.points) > 0 {
+			slices.SortFunc(l.points, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+			args = append(args, l.name, l.points)
+		}
+	}
+	if err := plotutil.AddLinePoints(p, args...); err != nil {
 		return err
 	}
 	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
@@ -262,34 +287,13 @@ func plotCompare(all []figures, path string) error {
 	if len(pass)+len(manager) == 0 {
 		return nil
 	}
-	p := plot.New()
-	p.Title.Text = "restow against the best bare loop of each size"
-	p.X.Label.Text = "objects"
-	p.Y.Label.Text = "objects/s"
-	p.X.Scale = plot.LogScale{}
 	slices.Sort(sizes)
-	p.X.Tick.Marker = plot.ConstantTicks(ticks(sizes...))
-	p.Y.Min = 0
-	p.Legend.Top = false // the lines run high; below them is free
-	p.Legend.Left = true
-	var lines []any
-	for _, s := range []struct {
-		name   string
-		points plotter.XYs
-	}{
+	p := newPlot("restow against the best bare loop of each size", "objects", "objects/s", ticks(sizes...), false)
+	return savePlot(p, path, []line{
 		{"restow pass, paced (first request to last object)", pass},
 		{"manager process (storage switch to prune)", manager},
 		{"best bare loop of 4 to 64 workers", bare},
-	} {
-		if len(s.points) > 0 {
-			slices.SortFunc(s.points, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-			lines = append(lines, s.name, s.points)
-		}
-	}
-	if err := plotutil.AddLinePoints(p, lines...); err != nil {
-		return err
-	}
-	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+	})
 }
 
 // plotMemory draws peak memory against the number of objects: the manager
@@ -312,29 +316,8 @@ func plotMemory(all []figures, path string) error {
 	if len(rss)+len(heap) == 0 {
 		return nil
 	}
-	p := plot.New()
-	p.Title.Text = "Peak memory of a pass against the number of objects"
-	p.X.Label.Text = "objects"
-	p.Y.Label.Text = "MiB"
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.ConstantTicks(ticks(sizes...))
-	p.Y.Min = 0
-	p.Legend.Top = true
-	p.Legend.Left = true
-	var lines []any
-	for _, s := range []struct {
-		name   string
-		points plotter.XYs
-	}{{"manager process, peak RSS", rss}, {"restow pass, peak heap growth", heap}} {
-		if len(s.points) > 0 {
-			slices.SortFunc(s.points, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-			lines = append(lines, s.name, s.points)
-		}
-	}
-	if err := plotutil.AddLinePoints(p, lines...); err != nil {
-		return err
-	}
-	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+	p := newPlot("Peak memory of a pass against the number of objects", "objects", "MiB", ticks(sizes...), true)
+	return savePlot(p, path, []line{{"manager process, peak RSS", rss}, {"restow pass, peak heap growth", heap}})
 }
 
 func ticks[T int | float64](values ...T) []plot.Tick {
