@@ -19,6 +19,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -357,7 +358,9 @@ func TestCheckpointWaitsForEarlierPages(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		// Every object but the hung one: all four pages were handed out.
-		_ = wait(ctx, func() bool { return rewritten.Load() >= 199 })
+		_ = wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+			return rewritten.Load() >= 199, nil
+		})
 		cancel()
 	}()
 	var last migrator.Progress
@@ -392,16 +395,4 @@ func TestCheckpointWaitsForEarlierPages(t *testing.T) {
 	}
 	fx.AssertAllStoredAt(t, "v1", 200)
 	fx.AssertStoredVersions(t, "v1")
-}
-
-// wait polls done until it holds or ctx ends.
-func wait(ctx context.Context, done func() bool) error {
-	for !done() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return nil
 }

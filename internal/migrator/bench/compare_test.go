@@ -481,7 +481,7 @@ func (f *compareFixture) run(b *testing.B, s strategy) {
 		if s.yield {
 			alone := startWriter(b)
 			time.Sleep(writerAlone)
-			writer.alone = append(writer.alone, alone.stop()...)
+			writer.alone = append(writer.alone, alone.stop(b)...)
 			w = startWriter(b)
 		}
 		waitQuiet(b)
@@ -493,7 +493,7 @@ func (f *compareFixture) run(b *testing.B, s strategy) {
 		b.StopTimer()
 		stopProfiles()
 		if w != nil {
-			writer.during = append(writer.during, w.stop()...)
+			writer.during = append(writer.during, w.stop(b)...)
 		}
 		peakGrowth = max(peakGrowth, sampler.stop())
 		if err != nil {

@@ -178,13 +178,14 @@ func startWriter(b *testing.B) *steadyWriter {
 }
 
 // stop ends the writer and returns its latencies; a failed write fails the benchmark.
-func (w *steadyWriter) stop() []time.Duration {
+func (w *steadyWriter) stop(b *testing.B) []time.Duration {
+	b.Helper()
 	w.cancel()
 	w.wg.Wait()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err != nil {
-		panic(fmt.Sprintf("the steady writer failed: %v", w.err))
+		b.Fatalf("the steady writer failed: %v", w.err)
 	}
 	return w.latencies
 }
