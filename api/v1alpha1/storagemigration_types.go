@@ -48,7 +48,7 @@ type StorageMigrationSpec struct {
 	// itself below it, to what the API server can take. When unset the
 	// operator's --concurrency flag applies.
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=256
+	// +kubebuilder:validation:Maximum=1024
 	// +optional
 	Concurrency *int32 `json:"concurrency,omitempty"`
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -14,41 +15,49 @@ import (
 // The pace of a pass: how many rewrites it has in flight at once.
 //
 // No fixed number is right for both a 2-core test control plane and a large
-// production one, so a pass finds the pace the API server can take, below
-// the upper bound Options.Concurrency, the way TCP Vegas finds a link's
-// capacity. It measures the latency of its patches over short windows and
-// keeps the lowest window latency it has seen as the API server's latency
-// without load. By Little's law, the requests in flight beyond those the API
-// server is working on wait in a queue (its CPU, APF's queues, etcd):
+// production one, so a pass finds its pace below the upper bound
+// Options.Concurrency. The goal is throughput: on the API servers measured
+// (docs/benchmarks.md) objects per second and the API server's CPU per
+// object both keep improving as more requests are in flight, long after
+// latency has started to grow, so a pace that stops where latency starts to
+// rise (TCP Vegas's knee) leaves a tenth to a quarter of the speed unused.
+// The gain per added request is too small to measure within a pass on a
+// noisy host (a few percent per doubling), so the pass does not climb a
+// throughput curve; it grows its pace while its requests stay well within
+// the API server's latency objective and backs off when they do not:
 //
-//	queued = limit × (1 − lowest latency / latency now)
+//   - Slow start: from initialPace, the limit doubles every window.
+//   - A window whose 99th percentile latency is above latencyTarget (the
+//     Kubernetes SLO for mutating single-object calls: 1 s) cuts the limit
+//     by a quarter: the API server, or the pass's own Priority and Fairness
+//     level queueing it, is saturated, and other clients' requests wait as
+//     long as the pass's do.
+//   - Between half the target and the target the limit holds; below half,
+//     it grows by an eighth.
+//   - A 429 halves the limit at once, and no new request starts before its
+//     Retry-After has passed; a timeout or a 5xx that means overload halves
+//     it too.
 //
-// The pass grows its limit while the queue is short, so throughput still
-// grows with it, and shrinks it when the queue grows long: then more
-// requests add only latency, for the pass and for every other client of the
-// API server. Other clients' load shows as rising latency too, so the pass
-// yields to them. A 429 halves the limit at once, and no new request starts
-// before its Retry-After has passed; a timeout or a 5xx that means overload
-// halves it too.
+// Priority and Fairness divides the API server between clients: restow's
+// shipped level seats some of the pass's requests and queues the rest, so
+// other clients keep their seats however many the pass sends; the latency
+// objective bounds what they wait for the CPU the pass's seats use.
 
 const (
 	// initialPace is where a pass starts; it doubles every window while
-	// the queue stays short (slow start).
-	initialPace = 2
+	// latency stays low (slow start).
+	initialPace = 16
 	// paceWindow is the shortest window over which latency is measured.
 	paceWindow = 100 * time.Millisecond
 	// paceWindowSamples is the fewest patches per window, per request in
 	// flight, so one slow request does not decide a window.
 	paceWindowSamples = 2
+	// latencyTarget is the 99th percentile latency of its patches above
+	// which a pass slows down: Kubernetes's API call latency SLO for
+	// mutating calls on single objects. Below half of it, the pass may
+	// speed up.
+	latencyTarget = time.Second
 )
-
-// queueBounds are Vegas's alpha and beta for limit: grow below alpha
-// requests queued, shrink above beta. They grow with log10(limit), as in
-// Netflix's concurrency-limits, so a large limit tolerates a longer queue.
-func queueBounds(limit int) (alpha, beta float64) {
-	l := max(1, math.Log10(float64(limit)))
-	return 3 * l, 6 * l
-}
 
 // pacer limits the patches a pass has in flight and adapts the limit. A
 // fixed pacer keeps it at the upper bound.
@@ -63,9 +72,6 @@ type pacer struct {
 	limit    int
 	inFlight int
 	slow     bool // slow start: doubling
-	// lowest is the lowest window mean latency seen: the API server's
-	// latency without load.
-	lowest time.Duration
 	// throttles is the throttle count already acted on.
 	throttles int64
 	window    paceSample
@@ -74,8 +80,7 @@ type pacer struct {
 // paceSample is one window's measurement.
 type paceSample struct {
 	start      time.Time
-	n          int
-	total      time.Duration
+	latencies  []time.Duration
 	full       bool // the limit was reached, so the window measured it
 	overloaded bool
 }
@@ -139,17 +144,17 @@ func (p *pacer) release(start time.Time, err error) {
 	p.inFlight--
 	switch {
 	case err == nil:
-		p.window.n++
-		p.window.total += now.Sub(start)
+		p.window.latencies = append(p.window.latencies, now.Sub(start))
 	case overloaded(err):
 		p.window.overloaded = true
 	}
 	switch {
 	case p.fixed:
+		p.window.latencies = p.window.latencies[:0]
 	case p.window.overloaded, p.throttled():
 		// Overload ends the window at once: no more successes may come.
 		p.adjust(now)
-	case now.Sub(p.window.start) >= paceWindow && p.window.n >= paceWindowSamples*p.limit:
+	case now.Sub(p.window.start) >= paceWindow && len(p.window.latencies) >= paceWindowSamples*p.limit:
 		p.adjust(now)
 	}
 	p.changed.Signal()
@@ -163,7 +168,7 @@ func (p *pacer) throttled() bool {
 // adjust ends the window and sets the limit from it.
 func (p *pacer) adjust(now time.Time) {
 	w := p.window
-	p.window = paceSample{start: now}
+	p.window = paceSample{start: now, latencies: w.latencies[:0]}
 	before := p.limit
 	switch {
 	case p.throttled() || w.overloaded:
@@ -171,32 +176,35 @@ func (p *pacer) adjust(now time.Time) {
 			p.throttles = p.throttle.count()
 		}
 		p.limit, p.slow = max(1, p.limit/2), false
-	case w.n == 0:
+	case len(w.latencies) == 0:
 		return
 	default:
-		latency := w.total / time.Duration(w.n)
-		if p.lowest == 0 || latency < p.lowest {
-			p.lowest = latency
-		}
-		queued := float64(p.limit) * (1 - float64(p.lowest)/float64(latency))
-		alpha, beta := queueBounds(p.limit)
-		step := max(1, int(math.Log10(float64(p.limit))))
+		p99 := percentile(w.latencies, 0.99)
 		switch {
-		case queued > beta:
-			p.limit, p.slow = max(1, p.limit-step), false
+		case p99 > latencyTarget:
+			p.limit, p.slow = max(1, p.limit*3/4), false
 		case !w.full:
 			// The pass did not reach its limit (a slow list, a short
 			// page): the window says nothing about a higher one.
+		case p99 > latencyTarget/2:
+			p.slow = false
 		case p.slow:
 			p.limit *= 2
-		case queued < alpha:
-			p.limit += step
+		default:
+			p.limit += max(1, p.limit/8)
 		}
 	}
 	p.limit = min(p.limit, p.max)
 	if p.limit > before {
 		p.changed.Broadcast()
 	}
+}
+
+// percentile is the nearest-rank q-th quantile of latencies, which it sorts.
+func percentile(latencies []time.Duration, q float64) time.Duration {
+	slices.Sort(latencies)
+	rank := int(math.Ceil(q*float64(len(latencies)))) - 1
+	return latencies[max(0, rank)]
 }
 
 // current is the limit now.

@@ -44,14 +44,16 @@ func run(t *testing.T, p *pacer, s func() simulatedServer, rounds int) []int {
 	return limits
 }
 
-// The pace settles just past the API server's capacity, where throughput
-// has stopped growing and latency starts to.
-func TestPacerFindsTheCapacity(t *testing.T) {
-	p := newPacer(t.Context(), 64, false, nil)
-	limits := run(t, p, func() simulatedServer { return simulatedServer{base: 5 * time.Millisecond, capacity: 8} }, 2000)
+// The pace grows while the API server answers well within the latency
+// objective and settles where its answers take between half of it and all
+// of it: here, every request in flight beyond 4 adds 25 ms.
+func TestPacerKeepsLatencyWithinTheTarget(t *testing.T) {
+	p := newPacer(t.Context(), DefaultConcurrency, false, nil)
+	server := simulatedServer{base: 100 * time.Millisecond, capacity: 4}
+	limits := run(t, p, func() simulatedServer { return server }, 2000)
 	for _, l := range limits[1000:] {
-		if l < 8 || l > 20 {
-			t.Fatalf("limit %d after settling (history %v), want 8 to 20 for a capacity of 8", l, limits[990:1010])
+		if latency := server.latency(l); latency < latencyTarget/2 || latency > latencyTarget {
+			t.Fatalf("limit %d after settling (history %v): latency %v, want %v to %v", l, limits[990:1010], latency, latencyTarget/2, latencyTarget)
 		}
 	}
 }
@@ -59,29 +61,34 @@ func TestPacerFindsTheCapacity(t *testing.T) {
 // On an API server that does not slow down, the pace reaches the upper
 // bound and stays there.
 func TestPacerReachesTheBound(t *testing.T) {
-	p := newPacer(t.Context(), 64, false, nil)
+	p := newPacer(t.Context(), DefaultConcurrency, false, nil)
 	limits := run(t, p, func() simulatedServer { return simulatedServer{base: 5 * time.Millisecond, capacity: 1000} }, 500)
-	if l := limits[len(limits)-1]; l != 64 {
-		t.Errorf("limit %d, want the bound 64", l)
+	if l := limits[len(limits)-1]; l != DefaultConcurrency {
+		t.Errorf("limit %d, want the bound %d", l, DefaultConcurrency)
 	}
 	for _, l := range limits {
-		if l > 64 {
-			t.Fatalf("limit %d above the bound 64", l)
+		if l > DefaultConcurrency {
+			t.Fatalf("limit %d above the bound %d", l, DefaultConcurrency)
 		}
 	}
 }
 
-// When other clients load the API server (its latency triples at the same
-// pace), the pass slows down.
+// When other clients load the API server so that the pass's requests take
+// longer than the latency objective (30 times longer at the same pace), the
+// pass slows down until they are back within it.
 func TestPacerYields(t *testing.T) {
-	p := newPacer(t.Context(), 64, false, nil)
+	p := newPacer(t.Context(), DefaultConcurrency, false, nil)
 	base := 5 * time.Millisecond
 	server := func() simulatedServer { return simulatedServer{base: base, capacity: 16} }
 	before := run(t, p, server, 1000)
-	base = 15 * time.Millisecond
+	base = 150 * time.Millisecond
 	after := run(t, p, server, 1000)
-	if b, a := before[len(before)-1], after[len(after)-1]; a >= b/2 {
+	b, a := before[len(before)-1], after[len(after)-1]
+	if a > b/2 {
 		t.Errorf("limit %d before others' load, %d with it; want it at least halved", b, a)
+	}
+	if latency := server().latency(a); latency > latencyTarget {
+		t.Errorf("latency %v at the limit %d others' load left, want at most %v", latency, a, latencyTarget)
 	}
 }
 
@@ -92,7 +99,7 @@ func TestPacerHonoursRetryAfter(t *testing.T) {
 	p := newPacer(t.Context(), 64, false, throttle)
 	run(t, p, func() simulatedServer { return simulatedServer{base: 5 * time.Millisecond, capacity: 1000} }, 200)
 	if l := p.current(); l != 64 {
-		t.Fatalf("limit %d before the 429, want 64", l)
+		t.Fatalf("limit %d before the 429, want the bound 64", l)
 	}
 	if err := p.acquire(t.Context()); err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ import (
 const (
 	// DefaultConcurrency is the upper bound of a pass's pace: it finds the
 	// pace the API server can take below it (pace.go).
-	DefaultConcurrency = 64
+	DefaultConcurrency = 256
 	DefaultPageSize    = 500
 	// DefaultSettleWindow is twice kube-apiserver's default --request-timeout
 	// of 60 s: the API server tears a CRD's old storage down at the latest
