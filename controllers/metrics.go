@@ -19,6 +19,10 @@ var (
 		Name: "restow_remaining_objects",
 		Help: "The API server's estimate of objects not yet listed by the pass under way (0 when none runs or no estimate is given).",
 	}, []string{"resource"})
+	passConcurrency = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "restow_pass_concurrency",
+		Help: "The pace of the pass under way: how many rewrites it may have in flight now, below --concurrency or spec.concurrency (0 when none runs).",
+	}, []string{"resource"})
 	passesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "restow_passes_total",
 		Help: "Migration passes that ended, by result: succeeded, stalled, transient (paused, resumes later), restarted (the CRD or spec changed).",
@@ -41,7 +45,7 @@ var (
 func init() {
 	info := version.Get()
 	buildInfo.WithLabelValues(info.Version, info.GitCommit, info.GoVersion).Set(1)
-	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passesTotal, passDuration, storedVersionsPrunes, buildInfo)
+	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesTotal, passDuration, storedVersionsPrunes, buildInfo)
 }
 
 // countObjects adds what a pass did since the counts last reported.
@@ -52,10 +56,15 @@ func countObjects(resource string, last, now migrator.Counts) {
 	objectsTotal.WithLabelValues(resource, "failed").Add(float64(max(now.Failed-last.Failed, 0)))
 }
 
-func setRemaining(resource string, remaining *int64) {
-	v := 0.0
-	if remaining != nil {
-		v = float64(*remaining)
+// setRunning sets the gauges of the pass under way; progress nil means none runs.
+func setRunning(resource string, progress *migrator.Progress) {
+	remaining, pace := 0.0, 0.0
+	if progress != nil {
+		if progress.RemainingEstimate != nil {
+			remaining = float64(*progress.RemainingEstimate)
+		}
+		pace = float64(progress.Concurrency)
 	}
-	remainingObjects.WithLabelValues(resource).Set(v)
+	remainingObjects.WithLabelValues(resource).Set(remaining)
+	passConcurrency.WithLabelValues(resource).Set(pace)
 }

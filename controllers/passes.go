@@ -115,14 +115,14 @@ func (ps *passes) launch(ctx context.Context, sm *migrationv1alpha1.StorageMigra
 			p.state.progress = progress
 			countObjects(resource, p.counted, progress.Counts)
 			p.counted = progress.Counts
-			setRemaining(resource, progress.RemainingEstimate)
+			setRunning(resource, &progress)
 		})
 		p.mu.Lock()
 		p.state.done, p.state.result, p.state.err = true, result, err
 		countObjects(resource, p.counted, result.Counts)
 		p.counted = result.Counts
 		p.mu.Unlock()
-		setRemaining(resource, nil)
+		setRunning(resource, nil)
 		select {
 		case ps.wake <- event.GenericEvent{Object: wakeObj}:
 		case <-ctx.Done():

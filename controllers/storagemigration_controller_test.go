@@ -18,6 +18,7 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/migrator"
 )
 
 var tenNamespaces = []string{"ns-0", "ns-1", "ns-2", "ns-3", "ns-4", "ns-5", "ns-6", "ns-7", "ns-8", "ns-9"}
@@ -35,12 +36,19 @@ func TestNamespacedCRD(t *testing.T) {
 	f.assertStoredVersions(t, "v1beta1", "v1")
 
 	startManager(t, nil)
+	pace := watchPace(t, f.crdName())
 	sm := f.createMigration(t, nil)
 	sm = waitFor(t, sm.Name, 2*time.Minute, "Ready", readyAt("v1"))
 	assertHealth(t, sm, kstatus.CurrentStatus)
 
 	f.assertStored(t, "v1", 2000)
 	f.assertStoredVersions(t, "v1")
+	if highest := pace(); highest < 1 || highest > migrator.DefaultConcurrency {
+		t.Errorf("restow_pass_concurrency peaked at %v during the pass, want 1 to %d", highest, migrator.DefaultConcurrency)
+	}
+	if now := metricValue(t, "restow_pass_concurrency", map[string]string{"resource": f.crdName()}); now != 0 {
+		t.Errorf("restow_pass_concurrency = %v after the pass, want 0", now)
+	}
 	last := sm.Status.LastPass
 	if last == nil || last.Listed != 2000 || last.Migrated+last.AlreadyStored+last.Skipped != 2000 || last.Failed != 0 || last.TargetVersion != "v1" {
 		t.Fatalf("lastPass = %+v, want 2000 listed, all migrated, target v1", last)

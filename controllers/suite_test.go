@@ -189,16 +189,46 @@ func readyAt(version string) func(*migrationv1alpha1.StorageMigration) bool {
 // samples whose labels include labels.
 func metricValue(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	families, err := crmetrics.Registry.Gather()
+	v, err := gatherMetric(name, labels)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return v
+}
+
+func gatherMetric(name string, labels map[string]string) (float64, error) {
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		return 0, err
+	}
 	for _, family := range families {
 		if family.GetName() == name {
-			return operator.SumSamples(family, labels)
+			return operator.SumSamples(family, labels), nil
 		}
 	}
-	return 0
+	return 0, nil
+}
+
+// watchPace samples the restow_pass_concurrency gauge of resource every few
+// milliseconds until the function it returns is called, which returns the
+// highest value seen.
+func watchPace(t *testing.T, resource string) func() float64 {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan float64, 1)
+	go func() {
+		highest := 0.0
+		_ = wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, func(context.Context) (bool, error) {
+			v, err := gatherMetric("restow_pass_concurrency", map[string]string{"resource": resource})
+			highest = max(highest, v)
+			return false, err
+		})
+		done <- highest
+	}()
+	return func() float64 {
+		cancel()
+		return <-done
+	}
 }
 
 func hasCondition(t, reason string) func(*migrationv1alpha1.StorageMigration) bool {
