@@ -103,7 +103,16 @@ const scaleObjects = 50000
 
 // sweepConcurrency are the worker counts of the bare loop, and of restow
 // held at a fixed concurrency, in the plot of objects/s against workers.
+// The best of the bare loops is restow's yardstick at every size.
 var sweepConcurrency = []int{4, 8, 16, 32, 64}
+
+// beyondConcurrency are the worker counts past the yardstick's, up to
+// restow's default bound, at which both run once at sweepObjects: what more
+// requests in flight than 64 buy on this API server.
+var beyondConcurrency = []int{128, 256}
+
+// maxBareConcurrency is the largest bare loop of the yardstick.
+const maxBareConcurrency = 64
 
 func strategies() []strategy {
 	fixed := func(opts migrator.Options) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
@@ -122,7 +131,7 @@ func strategies() []strategy {
 	// The settle window is a safety wait, not work: short here, so it ends
 	// during the pass, and the re-check after it is measured on its own.
 	defaults := &migrator.Options{Prune: true, SettleWindow: time.Second}
-	out := append(make([]strategy, 0, 3+2*len(sweepConcurrency)+9),
+	out := append(make([]strategy, 0, 3+2*len(sweepConcurrency)+2*len(beyondConcurrency)+9),
 		strategy{name: "restow", migrate: defaults, profile: true, interleave: true},
 		strategy{name: "restow-noop", noop: true, pass: fixed(migrator.Options{})},
 		strategy{name: "operator", operator: []string{}},
@@ -130,7 +139,10 @@ func strategies() []strategy {
 	for _, c := range sweepConcurrency {
 		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), profile: c == 16, interleave: true})
 	}
-	for _, c := range sweepConcurrency {
+	for _, c := range beyondConcurrency {
+		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), sweep: true, series: "bare patch loop", concurrency: c, pass: barePatchLoop(c)})
+	}
+	for _, c := range append(slices.Clone(sweepConcurrency), beyondConcurrency...) {
 		out = append(out, strategy{name: fmt.Sprintf("restow-fixed-c%d", c), sweep: true, series: "restow, fixed concurrency", concurrency: c,
 			pass: fixed(migrator.Options{Concurrency: c, FixedConcurrency: true})})
 	}

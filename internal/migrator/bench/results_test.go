@@ -103,7 +103,7 @@ func writeResults() error {
 func bestBare(all []figures, objects int) (figures, bool) {
 	var best figures
 	for _, f := range all {
-		if f.Objects == objects && strings.HasPrefix(f.Strategy, "bare-patch-c") && f.ObjectsPerSec > best.ObjectsPerSec {
+		if f.Objects == objects && strings.HasPrefix(f.Strategy, "bare-patch-c") && f.Concurrency <= maxBareConcurrency && f.ObjectsPerSec > best.ObjectsPerSec {
 			best = f
 		}
 	}
@@ -219,7 +219,7 @@ func plotThroughput(all []figures, path string) error {
 		return nil
 	}
 	p := newPlot(fmt.Sprintf("Rewrite throughput against workers, %s objects of ~1 KiB", thousands(sweepObjects)),
-		"concurrent requests (workers)", "objects/s", ticks(1, 4, 8, 16, 32, 64), false)
+		"concurrent requests (workers)", "objects/s", ticks(1, 4, 8, 16, 32, 64, 128, 256), false)
 	lines := make([]line, 0, len(names))
 	for _, name := range names {
 		lines = append(lines, line{name, series[name]})
