@@ -37,6 +37,11 @@ import (
 //   - A 429 halves the limit at once, and no new request starts before its
 //     Retry-After has passed; a timeout or a 5xx that means overload halves
 //     it too.
+//   - A request that began before the last cut was sent at the higher limit:
+//     the cut already answered its latency or its overload, so it does not
+//     count in the windows after it (as TCP cuts once per round trip). Else
+//     the requests still in flight at the higher limit cut it again and
+//     again, 256 to 81 in four windows on the API server measured.
 //
 // Priority and Fairness divides the API server between clients: restow's
 // shipped level seats some of the pass's requests and queues the rest, so
@@ -75,6 +80,10 @@ type pacer struct {
 	// throttles is the throttle count already acted on.
 	throttles int64
 	window    paceSample
+	// cut is when the limit was last lowered. A request that began before
+	// it was sent at the higher limit: its latency or overload is the one
+	// the cut answered, so it does not count in the windows after it.
+	cut time.Time
 }
 
 // paceSample is one window's measurement.
@@ -143,6 +152,7 @@ func (p *pacer) release(start time.Time, err error) {
 	defer p.mu.Unlock()
 	p.inFlight--
 	switch {
+	case start.Before(p.cut):
 	case err == nil:
 		p.window.latencies = append(p.window.latencies, now.Sub(start))
 	case overloaded(err):
@@ -195,6 +205,9 @@ func (p *pacer) adjust(now time.Time) {
 		}
 	}
 	p.limit = min(p.limit, p.max)
+	if p.limit < before {
+		p.cut = now
+	}
 	if p.limit > before {
 		p.changed.Broadcast()
 	}

@@ -1,7 +1,9 @@
 package migrator
 
 import (
+	"container/heap"
 	"context"
+	"slices"
 	"testing"
 	"time"
 )
@@ -42,6 +44,76 @@ func run(t *testing.T, p *pacer, s func() simulatedServer, rounds int) []int {
 		limits = append(limits, p.current())
 	}
 	return limits
+}
+
+// flow drives p against s on a fake clock as a pass does: a request starts
+// whenever the limit has room, takes the latency its server gives it at the
+// number in flight when it starts, and its slot is reused when it ends. It
+// runs until requests more requests have ended and returns the limit after
+// each one.
+func flow(t *testing.T, p *pacer, s func() simulatedServer, requests int) []int {
+	t.Helper()
+	clock := time.Unix(0, 0)
+	if !p.window.start.IsZero() {
+		clock = p.now()
+	}
+	p.now = func() time.Time { return clock }
+	p.window.start = clock
+	var ends endings
+	limits := make([]int, 0, requests)
+	for len(limits) < requests {
+		for p.inFlight < p.limit {
+			if err := p.acquire(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			heap.Push(&ends, request{start: clock, end: clock.Add(s().latency(p.inFlight))})
+		}
+		r := heap.Pop(&ends).(request)
+		clock = r.end
+		p.release(r.start, nil)
+		limits = append(limits, p.current())
+	}
+	// Leave nothing in flight for the next call.
+	for ends.Len() > 0 {
+		r := heap.Pop(&ends).(request)
+		clock = r.end
+		p.release(r.start, nil)
+	}
+	return limits
+}
+
+type request struct{ start, end time.Time }
+
+// endings is a min-heap of requests by their end.
+type endings []request
+
+func (e endings) Len() int           { return len(e) }
+func (e endings) Less(i, j int) bool { return e[i].end.Before(e[j].end) }
+func (e endings) Swap(i, j int)      { e[i], e[j] = e[j], e[i] }
+func (e *endings) Push(x any)        { *e = append(*e, x.(request)) }
+func (e *endings) Pop() any          { old := *e; r := old[len(old)-1]; *e = old[:len(old)-1]; return r }
+
+// A cut answers the latency of the requests already in flight at the
+// higher limit: they do not cut it again when they end. Here the API server
+// slows down at the bound so that 256 in flight take 1.2 s (above the
+// objective) and 192 take 0.9 s (within it): one cut, to 192, is right;
+// counting the requests sent at 256 in the window after it cut to 144 and
+// below.
+func TestPacerCutsOncePerLoad(t *testing.T) {
+	p := newPacer(t.Context(), DefaultConcurrency, false, nil)
+	server := simulatedServer{base: 5 * time.Millisecond, capacity: 64}
+	flow(t, p, func() simulatedServer { return server }, 5000)
+	if l := p.current(); l != DefaultConcurrency {
+		t.Fatalf("limit %d on the fast server, want the bound %d", l, DefaultConcurrency)
+	}
+	server.base = 300 * time.Millisecond
+	limits := flow(t, p, func() simulatedServer { return server }, 5000)
+	if low := slices.Min(limits); low < DefaultConcurrency*3/4 {
+		t.Errorf("limit cut to %d, want one cut to %d", low, DefaultConcurrency*3/4)
+	}
+	if l := limits[len(limits)-1]; server.latency(l) > latencyTarget {
+		t.Errorf("limit %d at the end: latency %v, want at most %v", l, server.latency(l), latencyTarget)
+	}
 }
 
 // The pace grows while the API server answers well within the latency

@@ -87,15 +87,23 @@ type strategy struct {
 	profile bool
 	// scale strategies run only at sizes above scaleObjects, and only they.
 	scale bool
-	// interleave strategies run interleavedRounds times at sweepObjects,
-	// one round of each after the other, and report the median round.
+	// interleave strategies run interleavedRounds times at the sizes of
+	// the comparison's target (sweepObjects and scaleObjects), one round of
+	// each after the other, and report the median round.
 	interleave bool
 }
 
-// interleavedRounds is how often restow and the bare loops run at
-// sweepObjects, interleaved, so that a slow minute of the shared host
+// interleavedRounds is how often restow and the fastest bare loops run at
+// the target's sizes, interleaved, so that a slow minute of the shared host
 // does not decide the comparison.
 const interleavedRounds = 3
+
+// interleavedBare is the fewest workers of a bare loop that runs
+// interleavedRounds times: the loops of 32 and 64 workers, the fastest in
+// every run so far (those of 4 to 16 did 0.73–0.84× the 64-worker loop's
+// objects/s in the runs of 2026-11-23 and 2026-11-24), run as often as
+// restow, the slower ones once.
+const interleavedBare = 32
 
 // scaleObjects is the largest size of the comparison; above it only the
 // scale strategies run (make bench-scale).
@@ -137,7 +145,7 @@ func strategies() []strategy {
 		strategy{name: "operator", operator: []string{}},
 	)
 	for _, c := range sweepConcurrency {
-		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), profile: c == 16, interleave: true})
+		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), profile: c == 16, interleave: c >= interleavedBare})
 	}
 	for _, c := range beyondConcurrency {
 		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), sweep: true, series: "bare patch loop", concurrency: c, pass: barePatchLoop(c)})
@@ -326,7 +334,7 @@ func BenchmarkCompare(b *testing.B) {
 		b.Run(fmt.Sprintf("objects=%d", n), func(b *testing.B) {
 			f := newCompareFixture(b, n)
 			rounds := 1
-			if n == sweepObjects {
+			if n == sweepObjects || n == scaleObjects {
 				rounds = interleavedRounds
 			}
 			for round := range rounds {
