@@ -41,7 +41,9 @@ import (
 //     the cut already answered its latency or its overload, so it does not
 //     count in the windows after it (as TCP cuts once per round trip). Else
 //     the requests still in flight at the higher limit cut it again and
-//     again, 256 to 81 in four windows on the API server measured.
+//     again. 429s are the exception: Throttle cannot tell when a rejected
+//     request was sent, and a 429 is the API server saying outright that it
+//     is overloaded, so every new one halves the limit again.
 //
 // Priority and Fairness divides the API server between clients: restow's
 // shipped level seats some of the pass's requests and queues the rest, so

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // simulatedServer answers every request in base latency while at most
@@ -25,7 +27,7 @@ func (s simulatedServer) latency(inFlight int) time.Duration {
 // each round.
 func run(t *testing.T, p *pacer, s func() simulatedServer, rounds int) []int {
 	t.Helper()
-	clock := time.Unix(0, 0)
+	clock := p.now()
 	p.now = func() time.Time { return clock }
 	p.window.start = clock
 	limits := make([]int, 0, rounds)
@@ -53,10 +55,7 @@ func run(t *testing.T, p *pacer, s func() simulatedServer, rounds int) []int {
 // each one.
 func flow(t *testing.T, p *pacer, s func() simulatedServer, requests int) []int {
 	t.Helper()
-	clock := time.Unix(0, 0)
-	if !p.window.start.IsZero() {
-		clock = p.now()
-	}
+	clock := p.now()
 	p.now = func() time.Time { return clock }
 	p.window.start = clock
 	var ends endings
@@ -97,8 +96,8 @@ func (e *endings) Pop() any          { old := *e; r := old[len(old)-1]; *e = old
 // higher limit: they do not cut it again when they end. Here the API server
 // slows down at the bound so that 256 in flight take 1.2 s (above the
 // objective) and 192 take 0.9 s (within it): one cut, to 192, is right;
-// counting the requests sent at 256 in the window after it cut to 144 and
-// below.
+// counting the requests sent at 256 in the window after it cuts it again,
+// to 144.
 func TestPacerCutsOncePerLoad(t *testing.T) {
 	p := newPacer(t.Context(), DefaultConcurrency, false, nil)
 	server := simulatedServer{base: 5 * time.Millisecond, capacity: 64}
@@ -161,6 +160,48 @@ func TestPacerYields(t *testing.T) {
 	}
 	if latency := server().latency(a); latency > latencyTarget {
 		t.Errorf("latency %v at the limit %d others' load left, want at most %v", latency, a, latencyTarget)
+	}
+}
+
+// An overload answer (here a 503) to a request sent at the higher limit does
+// not cut the limit again after the cut it caused; one to a request sent
+// after the cut does.
+func TestPacerOverloadCutsOnce(t *testing.T) {
+	p := newPacer(t.Context(), 64, false, nil)
+	run(t, p, func() simulatedServer { return simulatedServer{base: 5 * time.Millisecond, capacity: 1000} }, 200)
+	if l := p.current(); l != 64 {
+		t.Fatalf("limit %d on the fast server, want the bound 64", l)
+	}
+	clock := p.now()
+	p.now = func() time.Time { return clock }
+	sent := clock
+	for range 64 {
+		if err := p.acquire(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unavailable := apierrors.NewServiceUnavailable("overloaded")
+	clock = clock.Add(10 * time.Millisecond)
+	p.release(sent, unavailable)
+	if l := p.current(); l != 32 {
+		t.Fatalf("limit %d after a 503, want 32", l)
+	}
+	clock = clock.Add(10 * time.Millisecond)
+	p.release(sent, unavailable)
+	if l := p.current(); l != 32 {
+		t.Errorf("limit %d after a second 503 to a request sent before the cut, want it kept at 32", l)
+	}
+	for range 62 {
+		p.release(sent, nil)
+	}
+	if err := p.acquire(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	after := clock
+	clock = clock.Add(10 * time.Millisecond)
+	p.release(after, unavailable)
+	if l := p.current(); l != 16 {
+		t.Errorf("limit %d after a 503 to a request sent after the cut, want 16", l)
 	}
 }
 

@@ -99,10 +99,10 @@ type strategy struct {
 const interleavedRounds = 3
 
 // interleavedBare is the fewest workers of a bare loop that runs
-// interleavedRounds times: the loops of 32 and 64 workers, the fastest in
-// every run so far (those of 4 to 16 did 0.73–0.84× the 64-worker loop's
-// objects/s in the runs of 2026-11-23 and 2026-11-24), run as often as
-// restow, the slower ones once.
+// interleavedRounds times: the loops of 32 and 64 workers, the fastest of
+// the yardstick's in every run so far (those of 4 to 16 did 0.63–0.89× the
+// 64-worker loop's objects/s in the runs of 2026-11-23 and 2026-11-24), run
+// as often as restow, the slower ones once.
 const interleavedBare = 32
 
 // scaleObjects is the largest size of the comparison; above it only the
