@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -43,7 +44,11 @@ type ControlPlane struct {
 	Client client.WithWatch
 
 	environment *envtest.Environment
-	etcd        *clientv3.Client
+	// users serializes envtest's AddUser, whose certificate authority is
+	// not safe for concurrent use (tests write kubeconfigs from several
+	// goroutines, such as a watch beside a run).
+	users sync.Mutex
+	etcd  *clientv3.Client
 	// restarted is the kube-apiserver RestartAPIServer started last, if any.
 	restarted     *exec.Cmd
 	restartedWait chan struct{}
@@ -110,7 +115,7 @@ func (e *ControlPlane) WriteKubeconfig(path string) error {
 // "system:serviceaccount:<namespace>:<name>", which RBAC binds as that
 // service account.
 func (e *ControlPlane) WriteKubeconfigAs(path, user string, groups ...string) error {
-	added, err := e.environment.AddUser(envtest.User{Name: user, Groups: groups}, nil)
+	added, err := e.addUser(user, groups)
 	if err != nil {
 		return err
 	}
@@ -121,12 +126,19 @@ func (e *ControlPlane) WriteKubeconfigAs(path, user string, groups ...string) er
 	return os.WriteFile(path, raw, 0o600)
 }
 
+// addUser gives user in groups a client certificate, one caller at a time.
+func (e *ControlPlane) addUser(user string, groups []string) (*envtest.AuthenticatedUser, error) {
+	e.users.Lock()
+	defer e.users.Unlock()
+	return e.environment.AddUser(envtest.User{Name: user, Groups: groups}, nil)
+}
+
 // ConfigAs returns a client configuration that authenticates with a client
 // certificate as user in groups, unlike Config's administrator: RBAC
 // authorizes its requests and API Priority and Fairness classifies them
 // (system:masters is exempt from both).
 func (e *ControlPlane) ConfigAs(user string, groups ...string) (*rest.Config, error) {
-	added, err := e.environment.AddUser(envtest.User{Name: user, Groups: groups}, nil)
+	added, err := e.addUser(user, groups)
 	if err != nil {
 		return nil, err
 	}
