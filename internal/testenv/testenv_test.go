@@ -2,7 +2,10 @@ package testenv_test
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/testenv"
@@ -117,4 +122,37 @@ func assertStoredAt(t *testing.T, group, resource, namespace, name, wantAPIVersi
 		t.Fatalf("etcd holds %s/%s at %s, want %s", namespace, name, stored.APIVersion, wantAPIVersion)
 	}
 	return stored
+}
+
+// TestKubeconfigsAtOnce writes kubeconfigs from several goroutines at once,
+// as the plugin's tests do for a watch beside a run: envtest's certificate
+// authority is not safe for concurrent use, so the control plane serializes
+// it (under -race, this test fails without that), and every kubeconfig must
+// still authenticate.
+func TestKubeconfigsAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	paths := make([]string, 8)
+	var wg sync.WaitGroup
+	for i := range paths {
+		paths[i] = filepath.Join(dir, fmt.Sprintf("kubeconfig-%d", i))
+		wg.Go(func() {
+			if err := env.WriteKubeconfig(paths[i]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, path := range paths {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dc.ServerVersion(); err != nil {
+			t.Errorf("%s: %v", path, err)
+		}
+	}
 }
