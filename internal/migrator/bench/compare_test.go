@@ -338,16 +338,32 @@ func BenchmarkCompare(b *testing.B) {
 				rounds = interleavedRounds
 			}
 			for round := range rounds {
-				for _, s := range strategies() {
-					if round > 0 && !s.interleave {
-						continue
-					}
+				for _, s := range roundStrategies(round) {
 					f.round = round
 					f.runStrategy(b, n, s)
 				}
 			}
 		})
 	}
+}
+
+// roundStrategies are the strategies of one round: all of them in the
+// first, then the interleaved ones, their order turned by one each round,
+// so that no strategy always runs first (after the rows of the first round)
+// and a host that speeds up or slows down over a round does not favour one.
+func roundStrategies(round int) []strategy {
+	all := strategies()
+	if round == 0 {
+		return all
+	}
+	var interleaved []strategy
+	for _, s := range all {
+		if s.interleave {
+			interleaved = append(interleaved, s)
+		}
+	}
+	k := round % len(interleaved)
+	return append(interleaved[k:], interleaved[:k]...)
 }
 
 func (f *compareFixture) runStrategy(b *testing.B, n int, s strategy) {
