@@ -363,7 +363,7 @@ func roundStrategies(round int) []strategy {
 		}
 	}
 	k := round % len(interleaved)
-	return append(interleaved[k:], interleaved[:k]...)
+	return slices.Concat(interleaved[k:], interleaved[:k])
 }
 
 func (f *compareFixture) runStrategy(b *testing.B, n int, s strategy) {
