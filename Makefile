@@ -115,7 +115,7 @@ test-e2e: envtest-assets ## Run the end-to-end suite: the manager binary as a pr
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test -tags e2e $(E2E_FLAGS) ./e2e/
 
 .PHONY: bench
-bench: envtest-assets ## Run the benchmarks on the source-built control plane, writing docs/bench/ with CPU profiles (about an hour).
+bench: envtest-assets ## Run the benchmarks on the source-built control plane, writing docs/bench/ with CPU profiles (about 90 minutes).
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_BENCH_SIZES=$(RESTOW_BENCH_SIZES) RESTOW_BENCH_OUT=$(RESTOW_BENCH_OUT) \
 	  RESTOW_BENCH_PROFILE=$(RESTOW_BENCH_OUT)/profiles \
 	  go test -run '^$$' -bench . $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/

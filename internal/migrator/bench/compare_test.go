@@ -93,10 +93,13 @@ type strategy struct {
 	interleave bool
 }
 
-// interleavedRounds is how often restow and the fastest bare loops run at
-// the target's sizes, interleaved, so that a slow minute of the shared host
-// does not decide the comparison.
-const interleavedRounds = 3
+// interleavedRounds is how often restow, the manager and the fastest bare
+// loops run at the target's sizes, interleaved, so that a slow minute of the
+// shared host does not decide the comparison. Three rounds left the medians
+// within the host's noise of each other (their rows moved by up to 30%
+// from one round to the next in the runs of 2026-11-24); five halve the
+// chance that two slow or fast rounds of one strategy set its median.
+const interleavedRounds = 5
 
 // interleavedBare is the fewest workers of a bare loop that runs
 // interleavedRounds times: the loops of 32 and 64 workers, the fastest of
@@ -142,7 +145,7 @@ func strategies() []strategy {
 	out := append(make([]strategy, 0, 3+2*len(sweepConcurrency)+2*len(beyondConcurrency)+9),
 		strategy{name: "restow", migrate: defaults, profile: true, interleave: true},
 		strategy{name: "restow-noop", noop: true, pass: fixed(migrator.Options{})},
-		strategy{name: "operator", operator: []string{}},
+		strategy{name: "operator", operator: []string{}, interleave: true},
 	)
 	for _, c := range sweepConcurrency {
 		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), profile: c == 16, interleave: c >= interleavedBare})

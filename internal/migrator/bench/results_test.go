@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -86,8 +87,9 @@ func writeResults() error {
 		return err
 	}
 	// figures.json keeps every round; the tables and plots show medians.
+	rounds := roundsTable(all)
 	all = medians(all)
-	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(tables(all)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(tables(all)+rounds), 0o644); err != nil {
 		return err
 	}
 	if err := plotThroughput(all, filepath.Join(dir, "throughput.png")); err != nil {
@@ -185,6 +187,79 @@ func tables(all []figures) string {
 		}
 	}
 	return strings.TrimPrefix(out.String(), "\n")
+}
+
+// roundsTable renders, at each size whose strategies ran in interleaved
+// rounds, every round of them: objects/s and API server CPU per object, and
+// each paced row's ratio to the faster bare loop of the same round. The
+// tables above compare medians; this shows how far the rounds, which ran
+// minutes apart on a shared host, moved together.
+func roundsTable(all []figures) string {
+	var names []string
+	for _, s := range strategies() {
+		if s.interleave {
+			names = append(names, s.name)
+		}
+	}
+	bySize := map[int]map[int]map[string]figures{}
+	for _, f := range all {
+		if !slices.Contains(names, f.Strategy) {
+			continue
+		}
+		if bySize[f.Objects] == nil {
+			bySize[f.Objects] = map[int]map[string]figures{}
+		}
+		if bySize[f.Objects][f.Round] == nil {
+			bySize[f.Objects][f.Round] = map[string]figures{}
+		}
+		bySize[f.Objects][f.Round][f.Strategy] = f
+	}
+	var out strings.Builder
+	for _, n := range slices.Sorted(maps.Keys(bySize)) {
+		rounds := bySize[n]
+		if len(rounds) < 2 {
+			continue
+		}
+		fmt.Fprintf(&out, "\n### Round by round, %s objects\n\n", thousands(n))
+		out.WriteString("objects/s (API server CPU ms/object); the ratio of restow and of the manager is to the faster of the interleaved bare loops in the same round.\n\n| round |")
+		for _, name := range names {
+			fmt.Fprintf(&out, " %s |", name)
+		}
+		var paced []string
+		for _, name := range names {
+			if !strings.HasPrefix(name, "bare-patch-c") {
+				paced = append(paced, name)
+				fmt.Fprintf(&out, " %s × bare |", name)
+			}
+		}
+		out.WriteString("\n|" + strings.Repeat(" --- |", 1+len(names)+len(paced)) + "\n")
+		for _, r := range slices.Sorted(maps.Keys(rounds)) {
+			row := rounds[r]
+			var bare float64
+			for name, f := range row {
+				if strings.HasPrefix(name, "bare-patch-c") {
+					bare = max(bare, f.ObjectsPerSec)
+				}
+			}
+			fmt.Fprintf(&out, "| %d |", r+1)
+			for _, name := range names {
+				if f, ok := row[name]; ok {
+					fmt.Fprintf(&out, " %s (%.2f) |", thousands(int(f.ObjectsPerSec+0.5)), f.APIServerCPUMs)
+				} else {
+					out.WriteString(" – |")
+				}
+			}
+			for _, name := range paced {
+				if f, ok := row[name]; ok && bare > 0 {
+					fmt.Fprintf(&out, " %.2f |", f.ObjectsPerSec/bare)
+				} else {
+					out.WriteString(" – |")
+				}
+			}
+			out.WriteString("\n")
+		}
+	}
+	return out.String()
 }
 
 func thousands(n int) string {
