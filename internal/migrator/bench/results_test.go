@@ -101,11 +101,16 @@ func writeResults() error {
 	return plotMemory(all, filepath.Join(dir, "memory.png"))
 }
 
+// bareLoop reports whether strategy is one of the bare patch loops.
+func bareLoop(strategy string) bool {
+	return strings.HasPrefix(strategy, "bare-patch-c")
+}
+
 // bestBare is the fastest bare loop at objects, if any ran.
 func bestBare(all []figures, objects int) (figures, bool) {
 	var best figures
 	for _, f := range all {
-		if f.Objects == objects && strings.HasPrefix(f.Strategy, "bare-patch-c") && f.Concurrency <= maxBareConcurrency && f.ObjectsPerSec > best.ObjectsPerSec {
+		if f.Objects == objects && bareLoop(f.Strategy) && f.Concurrency <= maxBareConcurrency && f.ObjectsPerSec > best.ObjectsPerSec {
 			best = f
 		}
 	}
@@ -227,7 +232,7 @@ func roundsTable(all []figures) string {
 		}
 		var paced []string
 		for _, name := range names {
-			if !strings.HasPrefix(name, "bare-patch-c") {
+			if !bareLoop(name) {
 				paced = append(paced, name)
 				fmt.Fprintf(&out, " %s × bare |", name)
 			}
@@ -237,7 +242,7 @@ func roundsTable(all []figures) string {
 			row := rounds[r]
 			var bare float64
 			for name, f := range row {
-				if strings.HasPrefix(name, "bare-patch-c") {
+				if bareLoop(name) {
 					bare = max(bare, f.ObjectsPerSec)
 				}
 			}
