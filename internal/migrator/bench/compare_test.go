@@ -97,8 +97,9 @@ type strategy struct {
 // loops run at the target's sizes, interleaved, so that a slow minute of the
 // shared host does not decide the comparison. Three rounds left the medians
 // within the host's noise of each other (their rows moved by up to 30%
-// from one round to the next in the runs of 2026-11-24); five halve the
-// chance that two slow or fast rounds of one strategy set its median.
+// from one round to the next in the runs of 2026-11-24); with five, three
+// of one strategy's rounds must fall in slow (or fast) minutes together to
+// move its median.
 const interleavedRounds = 5
 
 // interleavedBare is the fewest workers of a bare loop that runs
