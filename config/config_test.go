@@ -5,12 +5,14 @@ package config_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -179,30 +181,38 @@ func TestDefaultInstall(t *testing.T) {
 
 // TestFlowControlClassifiesTheManagersBulkRequests renders config/default,
 // checks that kustomize carried its name prefix and namespace into the
-// FlowSchema's references, applies it, and shows through the API server's
-// own response headers that the manager's service account's lists and
-// patches run in restow's priority level, while its lease reads do not.
+// FlowSchemas' references, applies it, and shows through the API server's
+// own response headers that the manager's service account's lists, patches
+// and updates run in restow's priority level, while its lease reads and
+// renewals (updates too) are taken by the leader-election schema first.
 func TestFlowControlClassifiesTheManagersBulkRequests(t *testing.T) {
 	ctx := t.Context()
 	objs := render(t, "default")
-	var schema flowcontrolv1.FlowSchema
+	var schema, leases flowcontrolv1.FlowSchema
 	var level flowcontrolv1.PriorityLevelConfiguration
 	var sa corev1.ServiceAccount
-	into(t, find(t, objs, "FlowSchema"), &schema)
+	into(t, find(t, objs, "FlowSchema", "restow-migrations"), &schema)
+	into(t, find(t, objs, "FlowSchema", "restow-leader-election"), &leases)
 	into(t, find(t, objs, "PriorityLevelConfiguration"), &level)
 	into(t, find(t, objs, "ServiceAccount"), &sa)
 	if schema.Spec.PriorityLevelConfiguration.Name != level.Name {
 		t.Errorf("FlowSchema %s refers to priority level %q, but the rendered one is %q", schema.Name, schema.Spec.PriorityLevelConfiguration.Name, level.Name)
 	}
-	subject := schema.Spec.Rules[0].Subjects[0].ServiceAccount
-	if subject == nil || subject.Name != sa.Name || subject.Namespace != sa.Namespace {
-		t.Errorf("FlowSchema %s's subject is %+v, want the manager's service account %s/%s", schema.Name, subject, sa.Namespace, sa.Name)
+	for _, fs := range []flowcontrolv1.FlowSchema{schema, leases} {
+		subject := fs.Spec.Rules[0].Subjects[0].ServiceAccount
+		if subject == nil || subject.Name != sa.Name || subject.Namespace != sa.Namespace {
+			t.Errorf("FlowSchema %s's subject is %+v, want the manager's service account %s/%s", fs.Name, subject, sa.Namespace, sa.Name)
+		}
 	}
 	apply(t, objs)
 
-	live := &flowcontrolv1.FlowSchema{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: schema.Name}, live); err != nil {
-		t.Fatal(err)
+	uids := map[types.UID]string{}
+	for _, name := range []string{schema.Name, leases.Name} {
+		live := &flowcontrolv1.FlowSchema{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, live); err != nil {
+			t.Fatal(err)
+		}
+		uids[live.UID] = name
 	}
 	// Requests as the manager's service account, recording the flow schema
 	// the API server classified each into.
@@ -226,30 +236,55 @@ func TestFlowControlClassifiesTheManagersBulkRequests(t *testing.T) {
 	if err := env.Client.Create(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "flowcontrol-probe", Namespace: sa.Namespace}}
+	if err := env.Client.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
 	for _, request := range []struct {
 		what string
 		do   func(context.Context) error
-		ours bool
+		// by is the schema that must classify the request.
+		by string
 	}{
 		{"list configmaps", func(ctx context.Context) error {
 			_, err := clientset.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{Limit: 1})
 			return err
-		}, true},
+		}, schema.Name},
 		{"patch a configmap", func(ctx context.Context) error {
 			_, err := clientset.CoreV1().ConfigMaps("default").Patch(ctx, cm.Name, types.MergePatchType, []byte(`{}`), metav1.PatchOptions{})
 			return err
-		}, true},
-		{"get its lease", func(ctx context.Context) error {
-			_, err := clientset.CoordinationV1().Leases(sa.Namespace).Get(ctx, "restow.migration.restow.dev", metav1.GetOptions{})
-			return client.IgnoreNotFound(err)
-		}, false},
+		}, schema.Name},
+		{"update a configmap as read", func(ctx context.Context) error {
+			current, err := clientset.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + cm.Name})
+			switch {
+			case err != nil:
+				return err
+			case len(current.Items) != 1:
+				return fmt.Errorf("listing it back found %d", len(current.Items))
+			}
+			_, err = clientset.CoreV1().ConfigMaps("default").Update(ctx, &current.Items[0], metav1.UpdateOptions{})
+			return err
+		}, schema.Name},
+		{"get a lease", func(ctx context.Context) error {
+			_, err := clientset.CoordinationV1().Leases(sa.Namespace).Get(ctx, lease.Name, metav1.GetOptions{})
+			return err
+		}, leases.Name},
+		{"renew a lease", func(ctx context.Context) error {
+			current, err := clientset.CoordinationV1().Leases(sa.Namespace).Get(ctx, lease.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			current.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+			_, err = clientset.CoordinationV1().Leases(sa.Namespace).Update(ctx, current, metav1.UpdateOptions{})
+			return err
+		}, leases.Name},
 	} {
 		classifiedBy = ""
 		if err := request.do(ctx); err != nil {
 			t.Fatalf("%s as %s: %v", request.what, cfg.Impersonate.UserName, err)
 		}
-		if got := classifiedBy == string(live.UID); got != request.ours {
-			t.Errorf("%s: classified by flow schema UID %q; restow's (%s) is %q, want ours=%v", request.what, classifiedBy, live.Name, live.UID, request.ours)
+		if got := uids[types.UID(classifiedBy)]; got != request.by {
+			t.Errorf("%s: classified by flow schema UID %q (%q), want %s", request.what, classifiedBy, got, request.by)
 		}
 	}
 }

@@ -197,7 +197,7 @@ func TestResumeFromContinueToken(t *testing.T) {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			if req.Method == http.MethodPatch && strings.Contains(req.URL.Path, "/"+f.plural+"/") {
+			if (req.Method == http.MethodPatch || req.Method == http.MethodPut) && strings.Contains(req.URL.Path, "/"+f.plural+"/") {
 				patches.Add(1)
 			}
 			return rt.RoundTrip(req)

@@ -62,7 +62,7 @@ func TestThrottledByPriorityAndFairness(t *testing.T) {
 			Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
 				Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindUser, User: &flowcontrolv1.UserSubject{Name: user}}},
 				ResourceRules: []flowcontrolv1.ResourcePolicyRule{{
-					Verbs: []string{"patch", "list"}, APIGroups: []string{f.group}, Resources: []string{f.plural},
+					Verbs: []string{"patch", "update", "list"}, APIGroups: []string{f.group}, Resources: []string{f.plural},
 					Namespaces: []string{flowcontrolv1.NamespaceEvery},
 				}},
 			}},

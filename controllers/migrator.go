@@ -8,12 +8,12 @@ import (
 )
 
 // NewMigrator builds a migrator on a manager's configuration. Its reads are
-// uncached: CRDs through the API reader, objects as metadata-only pages (on
-// a connection of their own, whose 429 answers slow every pass down at
-// once), discovery without a cache.
+// uncached: CRDs through the API reader, objects in pages, as metadata or
+// whole (on a connection of their own, whose 429 answers slow every pass
+// down at once), discovery without a cache.
 func NewMigrator(mgr ctrl.Manager) (*migrator.Migrator, error) {
 	cfg := mgr.GetConfig()
-	meta, throttle, err := migrator.ThrottledMetadata(cfg)
+	meta, objects, throttle, err := migrator.ThrottledClients(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -25,6 +25,7 @@ func NewMigrator(mgr ctrl.Manager) (*migrator.Migrator, error) {
 		Client:    mgr.GetClient(),
 		Reader:    mgr.GetAPIReader(),
 		Metadata:  meta,
+		Objects:   objects,
 		Discovery: disco,
 		Mapper:    mgr.GetRESTMapper(),
 		Throttle:  throttle,

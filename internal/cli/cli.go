@@ -144,7 +144,7 @@ func (f *factory) clients() (*clients, error) {
 		return nil, err
 	}
 	c := client.WithFieldOwner(watcher, fieldManager)
-	meta, throttle, err := migrator.ThrottledMetadata(cfg)
+	meta, objects, throttle, err := migrator.ThrottledClients(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +158,7 @@ func (f *factory) clients() (*clients, error) {
 		watcher: watcher,
 		mapper:  mapper,
 		migrator: &migrator.Migrator{
-			Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper, Throttle: throttle,
+			Client: c, Reader: c, Metadata: meta, Objects: objects, Discovery: disco, Mapper: mapper, Throttle: throttle,
 		},
 	}, nil
 }

@@ -80,7 +80,8 @@ func reasonFor(err error) string {
 // Message is the API server's message for err, cut to fit a condition or
 // status.failedObjects. It never
 // carries object contents: the API server's messages name fields, not values
-// of secret data, and the operator never reads object contents at all.
+// of secret data, and the operator reads no contents but a CRD's objects,
+// only to send them back unchanged (update.go).
 func Message(err error) string {
 	msg := err.Error()
 	var status apierrors.APIStatus

@@ -34,8 +34,8 @@ import (
 //   - not written since the first pass's list snapshot was rewritten by the
 //     pass itself without a write, which proves it was stored at the target;
 //   - written after windowEnd was written on the new storage;
-//   - last written by the pass itself (a resourceVersion its patch answered
-//     with, kept until windowEnd is known) is at the target;
+//   - last written by the pass itself (a resourceVersion its rewrite
+//     answered with, kept until windowEnd is known) is at the target;
 //   - written by anyone else in between may be at the old version: it is
 //     rewritten again now, when no old storage is left.
 //
@@ -179,7 +179,7 @@ func (mg *migration) closeWindow(ctx context.Context) error {
 	var list *metav1.PartialObjectMetadataList
 	err := mg.retryTransient(ctx, func() error {
 		var err error
-		list, err = mg.listPage(ctx, "", 1)
+		list, _, err = mg.listPage(ctx, "", 1, false)
 		return err
 	})
 	if err != nil {

@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/funcr"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
@@ -34,16 +36,25 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, testenv.Options{}, &env)
 }
 
-// newMigrator builds a migrator on the test control plane; patches counts
-// the rewrites it sends.
-func newMigrator(t *testing.T) (m *migrator.Migrator, patches *atomic.Int64) {
+// newMigrator builds a migrator on the test control plane; sent counts the
+// rewrites it sends.
+func newMigrator(t *testing.T) (m *migrator.Migrator, sent *rewrites) {
 	t.Helper()
-	patches = &atomic.Int64{}
-	cfg := rest.CopyConfig(env.Config)
+	return newMigratorFor(t, env.Config)
+}
+
+// newMigratorFor builds a migrator whose object requests go through cfg.
+func newMigratorFor(t *testing.T, cfg *rest.Config) (m *migrator.Migrator, sent *rewrites) {
+	t.Helper()
+	sent = &rewrites{}
+	cfg = rest.CopyConfig(cfg)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			if req.Method == http.MethodPatch {
-				patches.Add(1)
+			switch req.Method {
+			case http.MethodPatch:
+				sent.patches.Add(1)
+			case http.MethodPut:
+				sent.updates.Add(1)
 			}
 			return rt.RoundTrip(req)
 		})
@@ -52,8 +63,14 @@ func newMigrator(t *testing.T) (m *migrator.Migrator, patches *atomic.Int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m, patches
+	return m, sent
 }
+
+// rewrites counts the rewrites a migrator sent: merge patches, and updates
+// of objects written back as listed.
+type rewrites struct{ patches, updates atomic.Int64 }
+
+func (r *rewrites) Load() int64 { return r.patches.Load() + r.updates.Load() }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
@@ -83,7 +100,7 @@ func resolve(t *testing.T, m *migrator.Migrator, fx testenv.Fixture) migrator.Ta
 // nothing on a quiet resource, and prunes.
 func TestMigrate(t *testing.T) {
 	fx := switched(t, "whole.migrator.restow.dev", 300)
-	m, patches := newMigrator(t)
+	m, sent := newMigrator(t)
 	target := resolve(t, m, fx)
 	var phases []migrator.Phase
 	var mu sync.Mutex
@@ -103,9 +120,63 @@ func TestMigrate(t *testing.T) {
 	if want := []migrator.Phase{migrator.PhaseRewriting, migrator.PhaseSettling, migrator.PhaseRechecking}; !slices.Equal(phases, want) {
 		t.Errorf("phases = %v, want %v", phases, want)
 	}
-	if patches.Load() != 300 {
-		t.Errorf("%d patches for 300 objects on a quiet resource, want 300", patches.Load())
+	if sent.updates.Load() != 300 || sent.patches.Load() != 0 {
+		t.Errorf("%d updates and %d patches for 300 objects on a quiet resource, want each written back as listed once", sent.updates.Load(), sent.patches.Load())
 	}
+	fx.AssertAllStoredAt(t, "v1", 300)
+	fx.AssertStoredVersions(t, "v1")
+}
+
+// TestMigrateWithoutUpdatePermission: a user who may list and patch a
+// resource, but not update it, still migrates it. The API server answers the
+// first updates of objects written back as listed with 403, and the pass
+// patches every object instead: none fails, every one is stored at v1 in
+// etcd, and v1beta1 is pruned.
+func TestMigrateWithoutUpdatePermission(t *testing.T) {
+	ctx := t.Context()
+	fx := switched(t, "noupdate.migrator.restow.dev", 300)
+	const user = "restow-list-and-patch"
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{fx.Group}, Resources: []string{fx.Plural}, Verbs: []string{"list", "patch"}}},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	}
+	for _, obj := range []client.Object{role, binding} {
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+	m, sent := newMigratorFor(t, cfg)
+	gvr := schema.GroupVersionResource{Group: fx.Group, Version: "v1", Resource: fx.Plural}
+	// The authorizer sees the binding within moments.
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := m.Metadata.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1})
+		return err == nil, nil
+	}); err != nil {
+		t.Fatalf("%s cannot list %s: %v", user, gvr.GroupResource(), err)
+	}
+
+	result, err := m.Migrate(ctx, resolve(t, m, fx), migrator.Options{Prune: true, SettleWindow: time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Migrated != 300 || result.Failed != 0 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
+		t.Errorf("result = %+v, failures %+v; want 300 rewritten, none failed, v1beta1 pruned", result.Counts, result.Failures)
+	}
+	if sent.updates.Load() == 0 {
+		t.Error("the migration never tried to write an object back as listed: this test shows nothing")
+	}
+	if sent.patches.Load() != 300 {
+		t.Errorf("%d patches, want one for each of the 300 objects", sent.patches.Load())
+	}
+	t.Logf("%d updates refused, then %d patches", sent.updates.Load(), sent.patches.Load())
 	fx.AssertAllStoredAt(t, "v1", 300)
 	fx.AssertStoredVersions(t, "v1")
 }
@@ -117,7 +188,7 @@ func TestMigrate(t *testing.T) {
 // keeps their resourceVersion, so a third pass writes nothing at all).
 func TestMigrateOneNamespaceThenAll(t *testing.T) {
 	fx := switched(t, "namespace.migrator.restow.dev", 200)
-	m, patches := newMigrator(t)
+	m, sent := newMigrator(t)
 	opts := migrator.Options{Prune: true, SettleWindow: time.Second}
 
 	target := resolve(t, m, fx)
@@ -142,7 +213,7 @@ func TestMigrateOneNamespaceThenAll(t *testing.T) {
 	fx.AssertAllStoredAt(t, "v1", 200)
 	fx.AssertStoredVersions(t, "v1")
 
-	before := patches.Load()
+	before := sent.Load()
 	result, err = m.Migrate(t.Context(), resolve(t, m, fx), opts, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -150,8 +221,8 @@ func TestMigrateOneNamespaceThenAll(t *testing.T) {
 	if result.Listed != 200 || result.Migrated != 0 || result.AlreadyStored != 200 {
 		t.Errorf("again: result = %+v, want all 200 already stored", result)
 	}
-	if sent := patches.Load() - before; sent != 200 {
-		t.Errorf("again: %d patches, want 200", sent)
+	if sent := sent.Load() - before; sent != 200 {
+		t.Errorf("again: %d rewrites, want 200", sent)
 	}
 }
 
@@ -161,7 +232,7 @@ func TestMigrateOneNamespaceThenAll(t *testing.T) {
 // again.
 func TestMigrateResumesAfterTheFirstPass(t *testing.T) {
 	fx := switched(t, "afterpass.migrator.restow.dev", 200)
-	m, patches := newMigrator(t)
+	m, sent := newMigrator(t)
 	target := resolve(t, m, fx)
 	reader := &failOnce{Reader: m.Reader}
 	m.Reader = reader
@@ -180,7 +251,7 @@ func TestMigrateResumesAfterTheFirstPass(t *testing.T) {
 	if checkpoint.Phase != migrator.PhaseSettling || checkpoint.Listed != 200 {
 		t.Fatalf("checkpoint after the first pass: phase %s, %d listed; want Settling, 200", checkpoint.Phase, checkpoint.Listed)
 	}
-	before := patches.Load()
+	before := sent.Load()
 	opts.Resume = &checkpoint
 	result, err := m.Migrate(t.Context(), resolve(t, m, fx), opts, nil)
 	if err != nil {
@@ -189,8 +260,8 @@ func TestMigrateResumesAfterTheFirstPass(t *testing.T) {
 	if result.Listed != 200 || result.Done() != 200 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
 		t.Errorf("resumed result = %+v, want 200 listed and done once, v1beta1 pruned", result)
 	}
-	if sent := patches.Load() - before; sent != 0 {
-		t.Errorf("the resumed migration sent %d patches, want none: the first pass was over", sent)
+	if sent := sent.Load() - before; sent != 0 {
+		t.Errorf("the resumed migration sent %d rewrites, want none: the first pass was over", sent)
 	}
 	fx.AssertAllStoredAt(t, "v1", 200)
 	fx.AssertStoredVersions(t, "v1")
@@ -210,11 +281,11 @@ func (r *failOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Obj
 }
 
 // TestMigrateResumes: a migration cancelled part-way resumes from the
-// checkpoint of its last progress: it patches only what was left, and its
+// checkpoint of its last progress: it rewrites only what was left, and its
 // counts match a migration that was never interrupted.
 func TestMigrateResumes(t *testing.T) {
 	fx := switched(t, "resume.migrator.restow.dev", 500)
-	m, patches := newMigrator(t)
+	m, sent := newMigrator(t)
 	target := resolve(t, m, fx)
 	opts := migrator.Options{Concurrency: 1, PageSize: 50, Prune: true, SettleWindow: time.Second}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -238,7 +309,7 @@ func TestMigrateResumes(t *testing.T) {
 	if checkpoint.Continue == "" || done < 150 || done >= 500 {
 		t.Fatalf("checkpoint %+v, want a token part-way", checkpoint)
 	}
-	before := patches.Load()
+	before := sent.Load()
 
 	opts.Resume = &checkpoint
 	result, err := m.Migrate(t.Context(), resolve(t, m, fx), opts, nil)
@@ -254,8 +325,8 @@ func TestMigrateResumes(t *testing.T) {
 	// The resumed list starts after the last page done (the page under way
 	// is listed again). The re-check may rewrite again what the first
 	// process wrote within the window: its own writes are not known here.
-	if first := patches.Load() - before - result.Rechecked; first > 500-done+50 {
-		t.Errorf("the resumed first pass sent %d patches; %d objects were left", first, 500-done)
+	if first := sent.Load() - before - result.Rechecked; first > 500-done+50 {
+		t.Errorf("the resumed first pass sent %d rewrites; %d objects were left", first, 500-done)
 	}
 	fx.AssertAllStoredAt(t, "v1", 500)
 	fx.AssertStoredVersions(t, "v1")
@@ -331,13 +402,13 @@ func TestMigrateStops(t *testing.T) {
 // would count them done, with a token past the hung object (this test then
 // fails: tried).
 func TestCheckpointWaitsForEarlierPages(t *testing.T) {
-	fx := switched(t, "order.migrator.restow.dev", 200)
+	fx := switched(t, "order.migrator.restow.dev", 40)
 	var rewritten atomic.Int64
 	hung := "/namespaces/m-0/widgets/obj-00000"
 	cfg := rest.CopyConfig(env.Config)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			if req.Method != http.MethodPatch {
+			if req.Method != http.MethodPatch && req.Method != http.MethodPut {
 				return rt.RoundTrip(req)
 			}
 			if strings.HasSuffix(req.URL.Path, hung) {
@@ -354,12 +425,14 @@ func TestCheckpointWaitsForEarlierPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := resolve(t, m, fx)
-	opts := migrator.Options{Concurrency: 8, PageSize: 50, Prune: true, SettleWindow: time.Second}
+	// Four pages of ten, whether listed as metadata or whole (whose first
+	// page holds ten): all held at once (maxPagesAhead).
+	opts := migrator.Options{Concurrency: 8, PageSize: 10, Prune: true, SettleWindow: time.Second}
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		// Every object but the hung one: all four pages were handed out.
 		_ = wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
-			return rewritten.Load() >= 199, nil
+			return rewritten.Load() >= 39, nil
 		})
 		cancel()
 	}()
@@ -373,7 +446,7 @@ func TestCheckpointWaitsForEarlierPages(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Migrate = %v, want cancelled", err)
 	}
-	if got := rewritten.Load(); got < 199 {
+	if got := rewritten.Load(); got < 39 {
 		t.Fatalf("%d objects rewritten before the cancel, want every one but the hung one", got)
 	}
 	mu.Lock()
@@ -382,7 +455,7 @@ func TestCheckpointWaitsForEarlierPages(t *testing.T) {
 	if checkpoint.Continue != "" || checkpoint.Done() != 0 {
 		t.Errorf("checkpoint: token %q, %d done; want no page committed while its first object hung", checkpoint.Continue, checkpoint.Done())
 	}
-	fx.AssertStored(t, map[string]int{"v1": 199, "v1beta1": 1})
+	fx.AssertStored(t, map[string]int{"v1": 39, "v1beta1": 1})
 
 	m2, _ := newMigrator(t)
 	opts.Resume = &checkpoint
@@ -390,9 +463,9 @@ func TestCheckpointWaitsForEarlierPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if result.Listed != 200 || result.Failed != 0 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
-		t.Errorf("resumed result = %+v, want 200 listed, v1beta1 pruned", result)
+	if result.Listed != 40 || result.Failed != 0 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
+		t.Errorf("resumed result = %+v, want 40 listed, v1beta1 pruned", result)
 	}
-	fx.AssertAllStoredAt(t, "v1", 200)
+	fx.AssertAllStoredAt(t, "v1", 40)
 	fx.AssertStoredVersions(t, "v1")
 }

@@ -1,13 +1,14 @@
 // Package migrator owns a whole migration of one resource: resolve it, wait
-// until the API server stores at the new version, list metadata in pages,
-// rewrite every object with bounded concurrency through a no-op merge patch,
-// classify each result, report progress, and finish: wait out the settle
-// window, rewrite again what others wrote within it, and prune a CRD's
-// status.storedVersions. It knows nothing of reconcile loops, so the operator
-// and the CLI run the same migration.
+// until the API server stores at the new version, list in pages, rewrite
+// every object with bounded concurrency (a CRD's objects written back as
+// listed, others through a no-op merge patch), classify each result, report
+// progress, and finish: wait out the settle window, rewrite again what others
+// wrote within it, and prune a CRD's status.storedVersions. It knows nothing
+// of reconcile loops, so the operator and the CLI run the same migration.
 //
 // The files follow the data path: migrator.go resolves the resource,
-// pass.go lists and rewrites, finish.go settles, re-checks and prunes.
+// pass.go lists and rewrites, update.go writes a CRD's objects back as
+// listed, finish.go settles, re-checks and prunes.
 package migrator
 
 import (
@@ -25,6 +26,7 @@ import (
 	clientdiscovery "k8s.io/client-go/discovery"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
@@ -40,12 +42,16 @@ type Migrator struct {
 	Reader client.Reader
 	// Metadata lists and patches objects as metadata only.
 	Metadata metadata.Interface
+	// Objects, if set, lists a CRD's objects whole and writes them back as
+	// listed in the first pass (update.go); without it every rewrite is a
+	// merge patch.
+	Objects rest.Interface
 	// Discovery shows which storage version the API server uses.
 	Discovery clientdiscovery.DiscoveryInterface
 	// Mapper resolves resources that are not served from a CRD.
 	Mapper meta.RESTMapper
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
-	// requests, so passes slow down at once (pace.go).
+	// and Objects' requests, so passes slow down at once (pace.go).
 	Throttle *Throttle
 }
 
@@ -53,7 +59,7 @@ type Migrator struct {
 // reads and writes CRDs, and metadata, discovery and a dynamic RESTMapper are
 // made from cfg.
 func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
-	meta, throttle, err := ThrottledMetadata(cfg)
+	meta, objects, throttle, err := ThrottledClients(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -69,26 +75,50 @@ func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{Client: c, Reader: c, Metadata: meta, Discovery: disco, Mapper: mapper, Throttle: throttle}, nil
+	return &Migrator{Client: c, Reader: c, Metadata: meta, Objects: objects, Discovery: disco, Mapper: mapper, Throttle: throttle}, nil
 }
 
-// ThrottledMetadata returns a metadata client for a Migrator, on a
-// connection of its own made from cfg, whose 429 answers the returned
-// Throttle sees.
-func ThrottledMetadata(cfg *rest.Config) (metadata.Interface, *Throttle, error) {
+// ThrottledClients returns the clients of a Migrator's object requests, on
+// a connection of their own made from cfg, whose 429 answers the returned
+// Throttle sees: a metadata client, and the client that lists whole objects
+// and writes them back as listed (update.go).
+func ThrottledClients(cfg *rest.Config) (metadata.Interface, rest.Interface, *Throttle, error) {
 	throttle := &Throttle{}
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(throttle.Wrap)
-	meta, err := metadata.NewForConfig(cfg)
-	if err != nil {
-		return nil, nil, err
+	if cfg.RateLimiter == nil && cfg.QPS >= 0 {
+		// One client-side limit for both clients, as for one.
+		qps, burst := cfg.QPS, cfg.Burst
+		if qps == 0 {
+			qps = rest.DefaultQPS
+		}
+		if burst == 0 {
+			burst = rest.DefaultBurst
+		}
+		cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(qps, burst)
 	}
-	return meta, throttle, nil
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	meta, err := metadata.NewForConfigAndClient(cfg, hc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// As the metadata client's: paths are absolute, and errors decode.
+	objCfg := metadata.ConfigFor(cfg)
+	objCfg.GroupVersion = &schema.GroupVersion{}
+	objCfg.APIPath = "/"
+	objects, err := rest.RESTClientForConfigAndClient(objCfg, hc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return meta, objects, throttle, nil
 }
 
 // Target is a resource resolved for a migration.
 type Target struct {
-	// Resource is the group, version and resource the pass lists and patches through.
+	// Resource is the group, version and resource the pass lists and rewrites through.
 	Resource   schema.GroupVersionResource
 	Kind       string
 	Namespaced bool

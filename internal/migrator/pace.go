@@ -56,17 +56,17 @@ const (
 	initialPace = 16
 	// paceWindow is the shortest window over which latency is measured.
 	paceWindow = 100 * time.Millisecond
-	// paceWindowSamples is the fewest patches per window, per request in
+	// paceWindowSamples is the fewest rewrites per window, per request in
 	// flight, so one slow request does not decide a window.
 	paceWindowSamples = 2
-	// latencyTarget is the 99th percentile latency of its patches above
+	// latencyTarget is the 99th percentile latency of its rewrites above
 	// which a pass slows down: Kubernetes's API call latency SLO for
 	// mutating calls on single objects. Below half of it, the pass may
 	// speed up.
 	latencyTarget = time.Second
 )
 
-// pacer limits the patches a pass has in flight and adapts the limit. A
+// pacer limits the rewrites a pass has in flight and adapts the limit. A
 // fixed pacer keeps it at the upper bound.
 type pacer struct {
 	max      int

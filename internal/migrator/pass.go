@@ -203,7 +203,7 @@ type migration struct {
 	observe  Observer
 	resource metadata.Getter
 
-	// successes counts patches that succeeded, as evidence that the API
+	// successes counts rewrites that succeeded, as evidence that the API
 	// server works while one object keeps failing.
 	successes atomic.Int64
 	// retrying counts objects whose requests are failing transiently now.
@@ -213,6 +213,9 @@ type migration struct {
 	observing sync.Mutex
 	// pace limits the rewrites in flight; each pass sets its own.
 	pace *pacer
+	// updateRefused is set once the API server answered 403 to writing an
+	// object back as listed: the rest of the migration patches (update.go).
+	updateRefused atomic.Bool
 
 	mu sync.Mutex
 	// cp is committed at page boundaries.
@@ -315,7 +318,12 @@ func (mg *migration) progress() Progress {
 
 // page is one list response.
 type page struct {
-	items     []metav1.PartialObjectMetadata
+	items []metav1.PartialObjectMetadata
+	// bodies, when set, holds each item whole, as the API server listed it
+	// through the storage version at listed, to be written back as listed
+	// (update.go). Each is dropped once its object is done.
+	bodies    []json.RawMessage
+	listed    time.Time
 	next      string
 	remaining *int64
 	// resourceVersion is the list's snapshot.
@@ -364,7 +372,7 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 	listErr := make(chan error, 1)
 	go func() {
 		defer close(pages)
-		listErr <- mg.list(ctx, token, pages)
+		listErr <- mg.list(ctx, token, !recheck, pages)
 	}()
 
 	// Pages are committed in the order they were listed.
@@ -397,17 +405,26 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 	}
 
 	type job struct {
-		obj  metav1.PartialObjectMetadata
-		page *pageWork
+		obj   metav1.PartialObjectMetadata
+		index int
+		page  *pageWork
 	}
 	work := make(chan job)
 	var workers sync.WaitGroup
 	for range mg.opts.Concurrency {
 		workers.Go(func() {
 			for j := range work {
-				if err := mg.rewrite(ctx, j.obj, &j.page.tally); err != nil {
+				var body json.RawMessage
+				if bodies := j.page.pg.bodies; bodies != nil {
+					body = bodies[j.index]
+				}
+				if err := mg.rewrite(ctx, j.obj, body, j.page.pg.listed, &j.page.tally); err != nil {
 					mg.stop(err)
 					cancel()
+				}
+				if bodies := j.page.pg.bodies; bodies != nil {
+					// Each worker owns the element of its object.
+					bodies[j.index] = nil
 				}
 				if j.page.pending.Add(-1) == 0 {
 					finish(j.page)
@@ -431,13 +448,13 @@ dispatch:
 		order.Lock()
 		order.queue = append(order.queue, pw)
 		order.Unlock()
-		for _, obj := range pg.items {
+		for i, obj := range pg.items {
 			if recheck && !mg.mustRecheck(obj.ResourceVersion) {
 				continue
 			}
 			pw.pending.Add(1)
 			select {
-			case work <- job{obj: obj, page: pw}:
+			case work <- job{obj: obj, index: i, page: pw}:
 			case <-ctx.Done():
 				// Never handed out: the page stays unfinished.
 				break dispatch
@@ -522,19 +539,31 @@ func (mg *migration) stop(err error) {
 	}
 }
 
-// list sends the pages of the resource to pages until the list ends.
-func (mg *migration) list(ctx context.Context, token string, pages chan<- page) error {
+// list sends the pages of the resource to pages until the list ends: whole
+// objects when whole is set and the pass may write them back as listed,
+// else metadata.
+func (mg *migration) list(ctx context.Context, token string, whole bool, pages chan<- page) error {
+	// Pages of whole objects hold about wholePageBytes (update.go).
+	wholeLimit := min(mg.opts.PageSize, firstWholePage)
 	for {
+		limit := mg.opts.PageSize
+		if whole && mg.writesWhole() {
+			limit = wholeLimit
+		}
 		var list *metav1.PartialObjectMetadataList
+		var bodies []json.RawMessage
 		err := mg.retryTransient(ctx, func() error {
 			var err error
-			list, err = mg.listPage(ctx, token, mg.opts.PageSize)
+			list, bodies, err = mg.listPage(ctx, token, limit, whole)
 			return err
 		})
 		if err != nil {
 			return mg.passError("listing", err)
 		}
-		pg := page{items: list.Items, next: list.Continue, remaining: list.RemainingItemCount, resourceVersion: list.ResourceVersion}
+		pg := page{items: list.Items, bodies: bodies, listed: time.Now(), next: list.Continue, remaining: list.RemainingItemCount, resourceVersion: list.ResourceVersion}
+		if bodies != nil {
+			wholeLimit = nextWholeLimit(mg.opts.PageSize, wholeLimit, bodies)
+		}
 		select {
 		case pages <- pg:
 		case <-ctx.Done():
@@ -547,40 +576,59 @@ func (mg *migration) list(ctx context.Context, token string, pages chan<- page) 
 	}
 }
 
-// listPage lists one page through the storage version and, if that fails
-// transiently, through each fallback version: one object whose conversion
-// fails (a conversion webhook refusing it) fails every page that holds it
-// when listed through a version it must be converted to, but not when listed
-// through the version it is still stored at. A continue token is the same
-// whichever version lists through it.
-func (mg *migration) listPage(ctx context.Context, token string, limit int64) (*metav1.PartialObjectMetadataList, error) {
-	list, err := mg.listThrough(ctx, mg.target.scope(mg.resource), token, limit)
+// listPage lists one page through the storage version (whole objects, when
+// whole is set and the pass may write them back as listed) and, if that
+// fails transiently, metadata through each fallback version: one object
+// whose conversion fails (a conversion webhook refusing it) fails every page
+// that holds it when listed through a version it must be converted to, but
+// not when listed through the version it is still stored at. A continue
+// token is the same whichever version lists through it. A page listed
+// through a fallback version has no bodies: its objects are patched.
+func (mg *migration) listPage(ctx context.Context, token string, limit int64, whole bool) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+	listFirst := listMetadata(ctx, mg.target.scope(mg.resource), limit)
+	if whole && mg.writesWhole() {
+		listFirst = func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+			return mg.listWhole(ctx, token, limit)
+		}
+	}
+	list, bodies, err := mg.listThrough(ctx, token, listFirst)
 	if err == nil || classify(err) != transient {
-		return list, err
+		return list, bodies, err
 	}
 	for _, v := range mg.target.fallbackVersions() {
 		gvr := schema.GroupVersionResource{Group: mg.target.Resource.Group, Version: v, Resource: mg.target.Resource.Resource}
-		if fallback, ferr := mg.listThrough(ctx, mg.target.scope(mg.m.Metadata.Resource(gvr)), token, limit); ferr == nil {
+		if fallback, _, ferr := mg.listThrough(ctx, token, listMetadata(ctx, mg.target.scope(mg.m.Metadata.Resource(gvr)), limit)); ferr == nil {
 			klog.FromContext(ctx).V(1).Info("Listed a page through an older version, since the list through the storage version failed", "version", v, "error", Message(err))
-			return fallback, nil
+			return fallback, nil, nil
 		}
 	}
-	return nil, err
+	return nil, nil, err
 }
 
-// listThrough lists one page through resource. The list's snapshot must
-// still be in etcd: when the token outlived etcd's compaction, the error
-// carries a token that continues inconsistently. Objects changed since are
-// already stored at the new version (and re-checked before any prune), and
-// rewrites are idempotent, so nothing is missed. Without one, it starts over.
-func (mg *migration) listThrough(ctx context.Context, resource metadata.ResourceInterface, token string, limit int64) (*metav1.PartialObjectMetadataList, error) {
-	list, err := resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
+// listFunc lists one page from a continue token.
+type listFunc func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error)
+
+// listMetadata lists pages of limit objects' metadata through resource.
+func listMetadata(ctx context.Context, resource metadata.ResourceInterface, limit int64) listFunc {
+	return func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+		list, err := resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
+		return list, nil, err
+	}
+}
+
+// listThrough lists one page with list. The list's snapshot must still be in
+// etcd: when the token outlived etcd's compaction, the error carries a token
+// that continues inconsistently. Objects changed since are already stored at
+// the new version (and re-checked before any prune), and rewrites are
+// idempotent, so nothing is missed. Without one, it starts over.
+func (mg *migration) listThrough(ctx context.Context, token string, list listFunc) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+	items, bodies, err := list(token)
 	for expired := 0; apierrors.IsResourceExpired(err) && token != "" && expired < 3; expired++ {
 		token = inconsistentContinue(err)
 		klog.FromContext(ctx).V(2).Info("Continue token expired, continuing the list", "restarted", token == "")
-		list, err = resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
+		items, bodies, err = list(token)
 	}
-	return list, err
+	return items, bodies, err
 }
 
 func inconsistentContinue(err error) string {
@@ -593,10 +641,10 @@ func inconsistentContinue(err error) string {
 
 // rewrite brings one object to the storage version and counts how. It
 // returns an error only when the pass must stop.
-func (mg *migration) rewrite(ctx context.Context, obj metav1.PartialObjectMetadata, t *tally) error {
+func (mg *migration) rewrite(ctx context.Context, obj metav1.PartialObjectMetadata, body json.RawMessage, listed time.Time, t *tally) error {
 	log := klog.FromContext(ctx)
 	before := mg.successes.Load()
-	out, err := mg.rewriteObject(ctx, &obj)
+	out, err := mg.rewriteObject(ctx, &obj, body, listed)
 	if out == transient && ctx.Err() == nil && mg.failsAlone(ctx, before) {
 		// The API server answers others, so this object alone keeps
 		// failing (a conversion webhook refusing it): record it and go on
@@ -643,24 +691,25 @@ func (mg *migration) failsAlone(ctx context.Context, successesBefore int64) bool
 	case retrying > 0:
 		return false
 	}
-	_, err := mg.listPage(ctx, "", 1)
+	_, _, err := mg.listPage(ctx, "", 1, false)
 	return err == nil
 }
 
-// rewriteObject patches obj and confirms what a 409 or 404 means. Neither
+// rewriteObject rewrites obj, as listed when body holds it, and confirms
+// what a 409 or 404 means. Neither
 // proves anything by itself: an admission webhook may answer either, and a
 // missing subresource answers 404. A look at the object (lookup) tells: it
 // is gone (skipped), it changed since listed (skipped: the re-check after
 // the settle window covers the change, and a re-read re-points stale
 // managedFields), or it is unchanged, so the answer came from elsewhere and
 // the object counts as failed.
-func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjectMetadata) (outcome, error) {
+func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjectMetadata, body json.RawMessage, listed time.Time) (outcome, error) {
 	current := obj
 	for changed := 0; ; changed++ {
 		wrote := false
 		err := mg.retryTransient(ctx, func() error {
 			var err error
-			wrote, err = mg.patch(ctx, current)
+			wrote, err = mg.write(ctx, current, body, listed)
 			return err
 		})
 		switch {
@@ -688,16 +737,17 @@ func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjec
 		case changed >= maxChangedRetries || !mg.staleManagedFields(fresh):
 			return skipped, err
 		}
-		current = fresh
+		// Re-read as metadata: patched from now on.
+		current, body = fresh, nil
 	}
 }
 
 // lookup reads obj's metadata as it is now, or nil when it is gone. It lists
 // with a field selector on the name rather than getting the object, so a
-// migration needs no get permission (list and patch are enough, and the
-// list, like the pass's, is metadata only). A list that answers 404 comes
-// from an API server that does not serve this version (yet: HA, starting
-// up) or from a proxy, and proves nothing about the object: it is transient.
+// migration needs no get permission, and the list is metadata only. A list
+// that answers 404 comes from an API server that does not serve this
+// version (yet: HA, starting up) or from a proxy, and proves nothing about
+// the object: it is transient.
 func (mg *migration) lookup(ctx context.Context, obj *metav1.PartialObjectMetadata) (*metav1.PartialObjectMetadata, error) {
 	list, err := mg.client(obj.Namespace).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", obj.Name).String()})
 	switch {
@@ -853,7 +903,7 @@ func (mg *migration) passError(doing string, err error) error {
 		}
 		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, gr, err)}
 	case unsupported, permanent:
-		// A list or patch refused for the whole resource.
+		// A list or rewrite refused for the whole resource.
 		return &StalledError{Message: fmt.Sprintf("%s %s: %s", doing, gr, Message(err))}
 	default:
 		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, gr, err)}

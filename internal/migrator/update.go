@@ -1,0 +1,183 @@
+package migrator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+)
+
+// The first pass over a CRD's objects lists them whole and writes each back
+// as listed, with an update (PUT) whose body is the API server's own bytes
+// and whose resourceVersion is the precondition. The API server then decodes
+// the body once, where a merge patch has it encode the object, merge the
+// patch into it and decode the result, 17% of its CPU in the last profile
+// (docs/benchmarks.md). Both fail with 409 when the object changed
+// since it was read, and everything after the answer is the same. They
+// differ in when the API server read the object: the patch reads it as it
+// writes, the update stores what the list read, decoded then (converted,
+// defaulted, pruned by the CRD as it was at that moment). So a body is
+// written back only while it is fresh (maxBodyAge); an older one, and one
+// the API server refuses as invalid or too large, is patched instead. The
+// merge patch also stays for what has no listed body, or must not be written
+// back as listed: pages listed through an older version, objects re-read
+// after a 409, objects whose managedFields must be re-pointed, rewrites
+// through /status, the re-check, and resources not served from a CRD, whose
+// contents (Secrets) restow does not read.
+
+const (
+	// firstWholePage is the limit of the first page of whole objects, before
+	// their size is known.
+	firstWholePage = 10
+	// wholePageBytes is what a page of whole objects should hold: each next
+	// page's limit is what fits at the size of the largest object on the
+	// page before, at most twice that page's limit. An estimate, not a
+	// bound: a page whose objects are larger than the last page's holds
+	// more, at most --page-size objects of the largest size etcd stores.
+	wholePageBytes = 4 << 20
+	// maxBodyAge is how long after its page was listed an object may be
+	// written back as listed; after it, it is patched.
+	maxBodyAge = 10 * time.Second
+	// metadataAccept asks for the answer to a write as metadata only.
+	metadataAccept = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+)
+
+// writesWhole reports whether the first pass lists whole objects and writes
+// them back as listed.
+func (mg *migration) writesWhole() bool {
+	return mg.m.Objects != nil && mg.target.CRD != nil && !mg.opts.ViaStatus && !mg.updateRefused.Load()
+}
+
+// request points req at the target's objects in namespace, or at the
+// object name in it.
+func (mg *migration) request(req *rest.Request, namespace, name string) *rest.Request {
+	gvr := mg.target.Resource
+	req = req.AbsPath("/apis", gvr.Group, gvr.Version)
+	if mg.target.Namespaced && namespace != "" {
+		req = req.Namespace(namespace)
+	}
+	req = req.Resource(gvr.Resource)
+	if name != "" {
+		req = req.Name(name)
+	}
+	return req
+}
+
+// listWhole lists one page of whole objects through the storage version:
+// their metadata, and each as the API server encoded it.
+func (mg *migration) listWhole(ctx context.Context, token string, limit int64) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+	namespace := ""
+	if mg.target.Partial() {
+		namespace = mg.target.Namespace
+	}
+	req := mg.request(mg.m.Objects.Get(), namespace, "").
+		Param("limit", strconv.FormatInt(limit, 10)).
+		SetHeader("Accept", "application/json")
+	if token != "" {
+		req = req.Param("continue", token)
+	}
+	data, err := answer(req.Do(ctx))
+	if err != nil {
+		return nil, nil, err
+	}
+	// Case-sensitive, as the API server decodes.
+	var raw struct {
+		metav1.ListMeta `json:"metadata"`
+		Items           []json.RawMessage `json:"items"`
+	}
+	if err := utiljson.Unmarshal(data, &raw); err != nil {
+		return nil, nil, fmt.Errorf("decoding a list of %s: %w", mg.target.Resource.GroupResource(), err)
+	}
+	list := &metav1.PartialObjectMetadataList{ListMeta: raw.ListMeta, Items: make([]metav1.PartialObjectMetadata, len(raw.Items))}
+	for i, item := range raw.Items {
+		if err := utiljson.Unmarshal(item, &list.Items[i]); err != nil {
+			return nil, nil, fmt.Errorf("decoding a list of %s: %w", mg.target.Resource.GroupResource(), err)
+		}
+	}
+	return list, raw.Items, nil
+}
+
+// answer is the body of a successful result, or the API server's error
+// as the typed clients return it: Raw alone keeps only the status code.
+func answer(result rest.Result) ([]byte, error) {
+	if err := result.Error(); err != nil {
+		return nil, err
+	}
+	return result.Raw()
+}
+
+// nextWholeLimit is the limit of the page after one of limit objects that
+// held bodies: as many objects of the largest one's size as fit in
+// wholePageBytes, at most twice limit and the page size, at least 1.
+func nextWholeLimit(pageSize, limit int64, bodies []json.RawMessage) int64 {
+	largest := 1
+	for _, b := range bodies {
+		largest = max(largest, len(b))
+	}
+	return max(1, min(pageSize, 2*limit, int64(wholePageBytes)/int64(largest)))
+}
+
+// update writes obj back as listed, body being the API server's own encoding
+// of it at the resourceVersion read, and reports, as patch does, whether the
+// API server wrote. The body is the API server's own output, pruned on read,
+// so field validation has nothing to find: it is skipped, and the API server
+// validates the values as for any write.
+func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetadata, body json.RawMessage) (bool, error) {
+	if err := mg.pace.acquire(ctx); err != nil {
+		return false, err
+	}
+	start := mg.pace.now()
+	data, err := answer(mg.request(mg.m.Objects.Put(), obj.Namespace, obj.Name).
+		Param("fieldValidation", metav1.FieldValidationIgnore).
+		SetHeader("Content-Type", "application/json").
+		SetHeader("Accept", metadataAccept).
+		Body([]byte(body)).
+		Do(ctx))
+	mg.pace.release(start, err)
+	if err != nil {
+		return false, err
+	}
+	var written metav1.PartialObjectMetadata
+	if err := utiljson.Unmarshal(data, &written); err != nil {
+		return false, fmt.Errorf("decoding the answer to a rewrite of %s: %w", klog.KObj(obj), err)
+	}
+	if written.ResourceVersion == "" {
+		return false, fmt.Errorf("the answer to a rewrite of %s has no resourceVersion", klog.KObj(obj))
+	}
+	mg.successes.Add(1)
+	mg.noteOwnWrite(written.ResourceVersion)
+	return written.ResourceVersion != obj.ResourceVersion, nil
+}
+
+// write rewrites obj: as listed when body holds it, listed less than
+// maxBodyAge ago, and may be written back as is; else with the merge patch,
+// which answers for itself. A 403 to the update (no update permission, or an
+// admission webhook denying it) sends this object and the rest of the
+// migration to the merge patch, which needs only patch permission; a 422 or
+// 413 (a body the API server refuses, which it may accept as a patch of the
+// object as it is now) sends this object.
+func (mg *migration) write(ctx context.Context, obj *metav1.PartialObjectMetadata, body json.RawMessage, listed time.Time) (bool, error) {
+	if body != nil && mg.writesWhole() && time.Since(listed) < maxBodyAge {
+		if _, stale, err := mg.repointedManagedFields(obj); err == nil && !stale {
+			wrote, err := mg.update(ctx, obj, body)
+			switch {
+			case apierrors.IsForbidden(err):
+				if !mg.updateRefused.Swap(true) {
+					klog.FromContext(ctx).Info("The API server refused to update an object as listed; rewriting with merge patches from now on", "object", klog.KObj(obj), "error", Message(err))
+				}
+			case apierrors.IsInvalid(err), apierrors.IsRequestEntityTooLargeError(err):
+				klog.FromContext(ctx).V(1).Info("The API server refused an object as listed; patching it", "object", klog.KObj(obj), "error", Message(err))
+			default:
+				return wrote, err
+			}
+		}
+	}
+	return mg.patch(ctx, obj)
+}
