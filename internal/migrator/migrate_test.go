@@ -7,6 +7,8 @@ package migrator_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -48,7 +50,7 @@ func newMigratorFor(t *testing.T, cfg *rest.Config) (m *migrator.Migrator, sent 
 	t.Helper()
 	sent = &rewrites{}
 	cfg = rest.CopyConfig(cfg)
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
 			switch req.Method {
 			case http.MethodPatch:
@@ -58,7 +60,7 @@ func newMigratorFor(t *testing.T, cfg *rest.Config) (m *migrator.Migrator, sent 
 			}
 			return rt.RoundTrip(req)
 		})
-	}
+	})
 	m, err := migrator.NewForConfig(cfg, env.Client)
 	if err != nil {
 		t.Fatal(err)
@@ -468,4 +470,80 @@ func TestCheckpointWaitsForEarlierPages(t *testing.T) {
 	}
 	fx.AssertAllStoredAt(t, "v1", 40)
 	fx.AssertStoredVersions(t, "v1")
+}
+
+// TestStaleBodyIsPatched: an object written back as listed is stored as the
+// API server decoded it when it listed the page, so a body older than ten
+// seconds is patched instead, from the object as it is then. Here v1's
+// schema lacks a field the objects hold in etcd, so the list prunes it from
+// every body; the first rewrite is held for eleven seconds, during which the
+// field comes back into the schema. Every object must keep the field in
+// etcd. Written back as listed, each would lose it (this test then fails:
+// tried, with the age check removed).
+func TestStaleBodyIsPatched(t *testing.T) {
+	ctx := t.Context()
+	spec := func(props ...string) *apiextensionsv1.JSONSchemaProps {
+		s := &apiextensionsv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{}}
+		for _, p := range props {
+			s.Properties[p] = apiextensionsv1.JSONSchemaProps{Type: "string"}
+		}
+		return &apiextensionsv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{"spec": *s}}
+	}
+	fx := testenv.Fixture{Env: env, Group: "stale.migrator.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true,
+		Mutate: func(crd *apiextensionsv1.CustomResourceDefinition) {
+			// v1 as first published, without the field kept.
+			crd.Spec.Versions[1].Schema = &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: spec("n")}
+		}}
+	fx.Install(t, "v1beta1", "v1")
+	const n = 10
+	fx.CreateObjects(t, "v1beta1", n, func(i int) map[string]any { return map[string]any{"n": "x", "kept": "yes"} }, "m-0")
+	fx.SwitchStorage(t, "v1")
+
+	var held atomic.Bool
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Method != http.MethodPut || held.Swap(true) {
+				return rt.RoundTrip(req)
+			}
+			// The schema is mended while the first rewrite is held, and
+			// the rewrite fails as if the API server were busy.
+			if err := env.UpdateCRD(req.Context(), fx.CRDName(), func(crd *apiextensionsv1.CustomResourceDefinition) {
+				for i := range crd.Spec.Versions {
+					if crd.Spec.Versions[i].Name == "v1" {
+						crd.Spec.Versions[i].Schema = &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: spec("n", "kept")}
+					}
+				}
+			}); err != nil {
+				return nil, err
+			}
+			select {
+			case <-time.After(11 * time.Second):
+			case <-req.Context().Done():
+				return nil, req.Context().Err()
+			}
+			return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"text/plain"}},
+				Body: io.NopCloser(strings.NewReader("held by the test")), Request: req}, nil
+		})
+	}
+	m, sent := newMigratorFor(t, cfg)
+	result, err := m.Rewrite(ctx, resolve(t, m, fx), migrator.Options{Concurrency: 1, FixedConcurrency: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Migrated != n || result.Failed != 0 {
+		t.Errorf("result = %+v, failures %+v; want %d rewritten", result.Counts, result.Failures, n)
+	}
+	t.Logf("%d updates, %d patches", sent.updates.Load(), sent.patches.Load())
+	fx.AssertAllStoredAt(t, "v1", n)
+	for i := range n {
+		name := fmt.Sprintf("obj-%05d", i)
+		stored, err := env.ReadStored(ctx, fx.Group, fx.Plural, "m-0", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(stored.Raw), `"kept":"yes"`) {
+			t.Errorf("%s lost spec.kept in etcd: %s", name, stored.Raw)
+		}
+	}
 }
