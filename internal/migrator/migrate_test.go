@@ -451,6 +451,9 @@ func TestCheckpointWaitsForEarlierPages(t *testing.T) {
 	if got := rewritten.Load(); got < 39 {
 		t.Fatalf("%d objects rewritten before the cancel, want every one but the hung one", got)
 	}
+	if held := migrator.HeldBodyBytes(m); held != 0 {
+		t.Errorf("the cancelled migration still holds %d bytes of listed objects", held)
+	}
 	mu.Lock()
 	checkpoint := last.Checkpoint
 	mu.Unlock()
@@ -545,5 +548,40 @@ func TestStaleBodyIsPatched(t *testing.T) {
 		if !strings.Contains(string(stored.Raw), `"kept":"yes"`) {
 			t.Errorf("%s lost spec.kept in etcd: %s", name, stored.Raw)
 		}
+	}
+}
+
+// TestBodyBudget: the objects a Migrator's passes hold to write back as
+// listed stay within Migrator.BodyBytes. A page beyond it is patched, and a
+// pass gives back what it held when it ends, so the next one writes back as
+// listed again. Every object is at v1 in etcd either way.
+func TestBodyBudget(t *testing.T) {
+	const n = 100
+	m, sent := newMigrator(t)
+	for _, tc := range []struct {
+		group            string
+		budget           int64
+		updates, patches int64
+	}{
+		{"budget1.migrator.restow.dev", 1, 0, n},
+		{"budget2.migrator.restow.dev", 0, n, 0},
+	} {
+		fx := switched(t, tc.group, n)
+		m.BodyBytes = tc.budget
+		updates, patches := sent.updates.Load(), sent.patches.Load()
+		result, err := m.Rewrite(t.Context(), resolve(t, m, fx), migrator.Options{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if result.Migrated != n || result.Failed != 0 {
+			t.Errorf("budget %d: result = %+v, want %d rewritten", tc.budget, result.Counts, n)
+		}
+		if u, p := sent.updates.Load()-updates, sent.patches.Load()-patches; u != tc.updates || p != tc.patches {
+			t.Errorf("budget %d: %d updates and %d patches, want %d and %d", tc.budget, u, p, tc.updates, tc.patches)
+		}
+		if held := migrator.HeldBodyBytes(m); held != 0 {
+			t.Errorf("budget %d: %d bytes of listed objects still held after the pass", tc.budget, held)
+		}
+		fx.AssertAllStoredAt(t, "v1", n)
 	}
 }

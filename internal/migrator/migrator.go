@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -50,6 +51,12 @@ type Migrator struct {
 	Discovery clientdiscovery.DiscoveryInterface
 	// Mapper resolves resources that are not served from a CRD.
 	Mapper meta.RESTMapper
+	// BodyBytes bounds the bytes of listed objects that all of this
+	// Migrator's passes hold at once to write back as listed; a page that
+	// would pass it is patched instead. Zero means DefaultBodyBytes.
+	BodyBytes int64
+	// bodyBytes is what the passes hold now.
+	bodyBytes atomic.Int64
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
 	// and Objects' requests, so passes slow down at once (pace.go).
 	Throttle *Throttle

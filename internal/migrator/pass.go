@@ -322,8 +322,11 @@ type page struct {
 	// bodies, when set, holds each item whole, as the API server listed it
 	// through the storage version at listed, to be written back as listed
 	// (update.go). Each is dropped once its object is done.
-	bodies    []json.RawMessage
-	listed    time.Time
+	bodies []json.RawMessage
+	listed time.Time
+	// charge is what the bodies hold of the Migrator's budget until the
+	// page is done (update.go).
+	charge    *atomic.Int64
 	next      string
 	remaining *int64
 	// resourceVersion is the list's snapshot.
@@ -390,6 +393,7 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 		for len(order.queue) > 0 && order.queue[0].done {
 			head := order.queue[0]
 			order.queue = order.queue[1:]
+			mg.releaseBodies(&head.pg)
 			if !order.broken && ctx.Err() == nil {
 				mg.commit(head.pg, &head.tally, recheck)
 				committed = true
@@ -432,8 +436,20 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 			}
 		})
 	}
+	// Every page received gives its bodies' charge back when the pass ends,
+	// at the latest (keeping the charge, not the page, which the collector
+	// may free as soon as its objects are done).
+	var charges []page
+	defer func() {
+		for i := range charges {
+			mg.releaseBodies(&charges[i])
+		}
+	}()
 dispatch:
 	for pg := range pages {
+		if pg.charge != nil {
+			charges = append(charges, page{charge: pg.charge})
+		}
 		if !recheck {
 			mg.noteListSnapshot(pg.resourceVersion)
 		}
@@ -467,7 +483,9 @@ dispatch:
 	close(work)
 	workers.Wait()
 	cancel()
-	drain(pages)
+	for pg := range pages {
+		mg.releaseBodies(&pg)
+	}
 	lastListErr := <-listErr
 
 	mg.mu.Lock()
@@ -524,12 +542,6 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	}
 }
 
-func drain(pages <-chan page) {
-	for range pages {
-		continue
-	}
-}
-
 // stop records the first error that stops the pass.
 func (mg *migration) stop(err error) {
 	mg.mu.Lock()
@@ -563,10 +575,12 @@ func (mg *migration) list(ctx context.Context, token string, whole bool, pages c
 		pg := page{items: list.Items, bodies: bodies, listed: time.Now(), next: list.Continue, remaining: list.RemainingItemCount, resourceVersion: list.ResourceVersion}
 		if bodies != nil {
 			wholeLimit = nextWholeLimit(mg.opts.PageSize, wholeLimit, bodies)
+			mg.holdBodies(ctx, &pg)
 		}
 		select {
 		case pages <- pg:
 		case <-ctx.Done():
+			mg.releaseBodies(&pg)
 			return nil
 		}
 		if list.Continue == "" {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,6 +43,9 @@ const (
 	// bound: a page whose objects are larger than the last page's holds
 	// more, at most --page-size objects of the largest size etcd stores.
 	wholePageBytes = 4 << 20
+	// DefaultBodyBytes is Migrator.BodyBytes by default: what all passes
+	// hold of listed objects at once, beside the page each is decoding.
+	DefaultBodyBytes = 32 << 20
 	// maxBodyAge is how long after its page was listed an object may be
 	// written back as listed; after it, it is patched.
 	maxBodyAge = 10 * time.Second
@@ -102,6 +106,34 @@ func (mg *migration) listWhole(ctx context.Context, token string, limit int64) (
 		}
 	}
 	return list, raw.Items, nil
+}
+
+// holdBodies charges a page's bodies to the Migrator's budget, or drops
+// them (the page is patched) when they do not fit.
+func (mg *migration) holdBodies(ctx context.Context, pg *page) {
+	var size int64
+	for _, b := range pg.bodies {
+		size += int64(len(b))
+	}
+	budget := mg.m.BodyBytes
+	if budget == 0 {
+		budget = DefaultBodyBytes
+	}
+	if mg.m.bodyBytes.Add(size) > budget {
+		mg.m.bodyBytes.Add(-size)
+		pg.bodies = nil
+		klog.FromContext(ctx).V(1).Info("Listed objects held by passes are at their budget; patching this page", "objects", len(pg.items), "bytes", size)
+		return
+	}
+	pg.charge = &atomic.Int64{}
+	pg.charge.Store(size)
+}
+
+// releaseBodies returns a page's charge to the budget, once.
+func (mg *migration) releaseBodies(pg *page) {
+	if pg.charge != nil {
+		mg.m.bodyBytes.Add(-pg.charge.Swap(0))
+	}
 }
 
 // answer is the body of a successful result, or the API server's error
