@@ -393,7 +393,7 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 		for len(order.queue) > 0 && order.queue[0].done {
 			head := order.queue[0]
 			order.queue = order.queue[1:]
-			mg.releaseBodies(&head.pg)
+			mg.release(head.pg.charge)
 			if !order.broken && ctx.Err() == nil {
 				mg.commit(head.pg, &head.tally, recheck)
 				committed = true
@@ -439,17 +439,15 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 	// Every page received gives its bodies' charge back when the pass ends,
 	// at the latest (keeping the charge, not the page, which the collector
 	// may free as soon as its objects are done).
-	var charges []page
+	var charges []*atomic.Int64
 	defer func() {
-		for i := range charges {
-			mg.releaseBodies(&charges[i])
+		for _, charge := range charges {
+			mg.release(charge)
 		}
 	}()
 dispatch:
 	for pg := range pages {
-		if pg.charge != nil {
-			charges = append(charges, page{charge: pg.charge})
-		}
+		charges = append(charges, pg.charge)
 		if !recheck {
 			mg.noteListSnapshot(pg.resourceVersion)
 		}
@@ -484,7 +482,7 @@ dispatch:
 	workers.Wait()
 	cancel()
 	for pg := range pages {
-		mg.releaseBodies(&pg)
+		mg.release(pg.charge)
 	}
 	lastListErr := <-listErr
 
@@ -580,7 +578,7 @@ func (mg *migration) list(ctx context.Context, token string, whole bool, pages c
 		select {
 		case pages <- pg:
 		case <-ctx.Done():
-			mg.releaseBodies(&pg)
+			mg.release(pg.charge)
 			return nil
 		}
 		if list.Continue == "" {

@@ -129,10 +129,11 @@ func (mg *migration) holdBodies(ctx context.Context, pg *page) {
 	pg.charge.Store(size)
 }
 
-// releaseBodies returns a page's charge to the budget, once.
-func (mg *migration) releaseBodies(pg *page) {
-	if pg.charge != nil {
-		mg.m.bodyBytes.Add(-pg.charge.Swap(0))
+// release returns a page's charge (nil for a page without bodies) to the
+// budget, once.
+func (mg *migration) release(charge *atomic.Int64) {
+	if charge != nil {
+		mg.m.bodyBytes.Add(-charge.Swap(0))
 	}
 }
 
