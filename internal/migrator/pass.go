@@ -447,7 +447,9 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 	}()
 dispatch:
 	for pg := range pages {
-		charges = append(charges, pg.charge)
+		if pg.charge != nil {
+			charges = append(charges, pg.charge)
+		}
 		if !recheck {
 			mg.noteListSnapshot(pg.resourceVersion)
 		}
