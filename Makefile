@@ -121,7 +121,7 @@ bench: envtest-assets ## Run the benchmarks on the source-built control plane, w
 	  go test -run '^$$' -bench . $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
 
 # The scale point: the manager as deployed (default settle window) over
-# 200,000 objects, for its memory and status writes (about 20 minutes).
+# 200,000 objects, for its memory and status writes (about 28 minutes).
 RESTOW_BENCH_SCALE ?= 200000
 
 .PHONY: bench-scale

@@ -20,9 +20,9 @@ import (
 )
 
 // defaultAssumedRate is the pass throughput plan assumes for a migration
-// that is not running: the manager did 414 and 407 objects/s over 10,000
-// and 50,000 objects on a 2-core test control plane, from the storage switch
-// to the prune, and never less than 304 in the runs before
+// that is not running: at or below the manager's median in every make bench
+// run on record, 304 to 414 objects/s over 10,000 and 50,000 objects on a
+// 2-core test control plane, from the storage switch to the prune
 // (docs/benchmarks.md, "Results").
 const defaultAssumedRate = 300
 
