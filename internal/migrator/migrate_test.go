@@ -18,10 +18,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/funcr"
+	admissionv1 "k8s.io/api/admission/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
@@ -180,6 +182,61 @@ func TestMigrateWithoutUpdatePermission(t *testing.T) {
 	}
 	t.Logf("%d updates refused, then %d patches", sent.updates.Load(), sent.patches.Load())
 	fx.AssertAllStoredAt(t, "v1", 300)
+	fx.AssertStoredVersions(t, "v1")
+}
+
+// TestRefusedAsListedIsPatched: an object the API server refuses to take
+// back as listed, with 422 (invalid) or 413 (too large), is patched instead,
+// object by object: the refusal does not send the rest of the migration to
+// patches, as a 403 does, and the patch answers for itself. Here a validating
+// admission webhook refuses the first write of every other object, half of
+// them with 422 and half with 413, and lets every later one through. Every
+// object must end up stored at v1 in etcd with none failed, and v1beta1
+// pruned (without the 422/413 case in the migrator's write, the refused
+// objects fail and nothing is pruned: tried).
+func TestRefusedAsListedIsPatched(t *testing.T) {
+	const n = 200
+	fx := testenv.Fixture{Env: env, Group: "refused.migrator.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	keys := fx.CreateObjects(t, "v1beta1", n, func(i int) map[string]any { return map[string]any{"n": int64(i)} }, "m-0", "m-1")
+
+	var seen sync.Map
+	var refused422, refused413 atomic.Int64
+	hook := testenv.StartAdmissionWebhook(t, func(_ *admissionv1.AdmissionRequest, obj, _ *unstructured.Unstructured) *admissionv1.AdmissionResponse {
+		var i int
+		if _, err := fmt.Sscanf(obj.GetName(), "obj-%05d", &i); err != nil || i%2 == 1 {
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}
+		if _, again := seen.LoadOrStore(obj.GetNamespace()+"/"+obj.GetName(), true); again {
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}
+		if i%4 == 0 {
+			refused422.Add(1)
+			return &admissionv1.AdmissionResponse{Result: &metav1.Status{Code: http.StatusUnprocessableEntity, Reason: metav1.StatusReasonInvalid, Message: "refused as listed by the test"}}
+		}
+		refused413.Add(1)
+		return &admissionv1.AdmissionResponse{Result: &metav1.Status{Code: http.StatusRequestEntityTooLarge, Reason: metav1.StatusReasonRequestEntityTooLarge, Message: "refused as listed by the test"}}
+	})
+	// The webhook's probe writes the last object (odd, never refused) before the switch.
+	hook.Register(t, env, fx.Group, fx.Plural, map[string]string{}, fx.Object("v1beta1", keys[n-1].Namespace, keys[n-1].Name, nil))
+	fx.SwitchStorage(t, "v1")
+
+	m, sent := newMigrator(t)
+	result, err := m.Migrate(t.Context(), resolve(t, m, fx), migrator.Options{Prune: true, SettleWindow: time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d refused with 422 and %d with 413; %d updates, %d patches", refused422.Load(), refused413.Load(), sent.updates.Load(), sent.patches.Load())
+	if refused422.Load() != n/4 || refused413.Load() != n/4 {
+		t.Fatalf("the webhook refused %d objects with 422 and %d with 413, want %d each: this test shows nothing", refused422.Load(), refused413.Load(), n/4)
+	}
+	if result.Migrated != n || result.Failed != 0 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
+		t.Errorf("result = %+v, failures %+v; want %d rewritten, none failed, v1beta1 pruned", result.Counts, result.Failures, n)
+	}
+	if sent.updates.Load() != n || sent.patches.Load() != n/2 {
+		t.Errorf("%d updates and %d patches, want every object written back as listed first (%d) and each refused one patched (%d)", sent.updates.Load(), sent.patches.Load(), n, n/2)
+	}
+	fx.AssertAllStoredAt(t, "v1", n)
 	fx.AssertStoredVersions(t, "v1")
 }
 
