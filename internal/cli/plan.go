@@ -21,9 +21,9 @@ import (
 
 // defaultAssumedRate is the pass throughput plan assumes for a migration
 // that is not running: at or below the manager's median in every make bench
-// run on record, 304 to 414 objects/s over 10,000 and 50,000 objects on a
-// 2-core test control plane, from the storage switch to the prune
-// (docs/benchmarks.md, "Results").
+// run committed to docs/bench since 2026-11-21, 304 to 537 objects/s over
+// 10,000 and 50,000 objects on a 2-core test control plane, from the storage
+// switch to the prune (docs/benchmarks.md, "Results").
 const defaultAssumedRate = 300
 
 // planEntry is a CRD whose status.storedVersions lists more than its
