@@ -7,6 +7,7 @@
 package controlplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -29,13 +30,26 @@ type Options struct {
 	// such as config/crd/bases.
 	CRDDirectoryPaths []string
 	// APIServerArgs are extra kube-apiserver flags, without the leading
-	// dashes, such as {"etcd-compaction-interval": "5s"}.
+	// dashes, such as {"etcd-compaction-interval": "5s"}. Every API server
+	// gets them.
 	APIServerArgs map[string]string
+	// APIServers is how many kube-apiservers serve on the one etcd: 1 when
+	// zero. With more, Config and the kubeconfigs reach them through a TCP
+	// balancer that hands each new connection to the next server (ha.go);
+	// with the flag goaway-chance in APIServerArgs, clients move between
+	// servers as they do behind a production control plane's balancer.
+	APIServers int
+	// LaggingAPIServer, with APIServers above 1, connects the last API
+	// server to etcd through a proxy that holds back etcd's watch events by
+	// what SetWatchLag sets (nothing at first): it sees a CRD update, and so
+	// switches the CRD's storage version, that much later than the others.
+	LaggingAPIServer bool
 }
 
 // ControlPlane is a running control plane.
 type ControlPlane struct {
-	// Config reaches the API server as an administrator.
+	// Config reaches the API server, or the balancer in front of several,
+	// as an administrator.
 	Config *rest.Config
 	// Scheme knows the built-in types, apiextensions/v1 and restow's API.
 	Scheme *runtime.Scheme
@@ -44,6 +58,8 @@ type ControlPlane struct {
 	Client client.WithWatch
 
 	environment *envtest.Environment
+	// first reaches the first API server only: the one envtest started.
+	first client.Client
 	// users serializes envtest's AddUser, whose certificate authority is
 	// not safe for concurrent use (tests write kubeconfigs from several
 	// goroutines, such as a watch beside a run).
@@ -52,6 +68,12 @@ type ControlPlane struct {
 	// restarted is the kube-apiserver RestartAPIServer started last, if any.
 	restarted     *exec.Cmd
 	restartedWait chan struct{}
+
+	// With several API servers (ha.go): those started beside envtest's, the
+	// balancer in front of all, and the lagging server's proxy to etcd.
+	extra    []*extraAPIServer
+	balancer *relay
+	lag      *lagProxy
 }
 
 // Start starts etcd and kube-apiserver from the binaries in KUBEBUILDER_ASSETS.
@@ -79,8 +101,24 @@ func Start(opts Options) (*ControlPlane, error) {
 	// limit of 5 requests a second would make them crawl.
 	cfg.QPS, cfg.Burst = 2000, 4000
 	cp := &ControlPlane{Config: cfg, Scheme: scheme, environment: environment}
-	if cp.Client, err = client.NewWithWatch(cfg, client.Options{Scheme: scheme}); err != nil {
-		return nil, errors.Join(err, environment.Stop())
+	if opts.APIServers > 1 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		err := cp.startHA(ctx, opts)
+		cancel()
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("starting %d API servers: %w", opts.APIServers, err), cp.stopHA(), environment.Stop())
+		}
+	} else if opts.LaggingAPIServer {
+		return nil, errors.Join(errors.New("LaggingAPIServer needs APIServers of 2 or more"), environment.Stop())
+	}
+	if cp.Client, err = client.NewWithWatch(cp.Config, client.Options{Scheme: scheme}); err != nil {
+		return nil, errors.Join(err, cp.stopHA(), environment.Stop())
+	}
+	cp.first = cp.Client
+	if cp.Config != cfg {
+		if cp.first, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+			return nil, errors.Join(err, cp.stopHA(), environment.Stop())
+		}
 	}
 	cp.etcd, err = clientv3.New(clientv3.Config{
 		Endpoints:   []string{environment.ControlPlane.Etcd.URL.String()},
@@ -88,14 +126,14 @@ func Start(opts Options) (*ControlPlane, error) {
 		Logger:      nil,
 	})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("connecting to etcd: %w", err), environment.Stop())
+		return nil, errors.Join(fmt.Errorf("connecting to etcd: %w", err), cp.stopHA(), environment.Stop())
 	}
 	return cp, nil
 }
 
 // Stop stops the API server and etcd.
 func (e *ControlPlane) Stop() error {
-	return errors.Join(e.etcd.Close(), e.stopRestarted(), e.environment.Stop())
+	return errors.Join(e.etcd.Close(), e.stopRestarted(), e.stopHA(), e.environment.Stop())
 }
 
 // EtcdURL is the address of the control plane's etcd.
@@ -123,6 +161,9 @@ func (e *ControlPlane) WriteKubeconfigAs(path, user string, groups ...string) er
 	if err != nil {
 		return err
 	}
+	if raw, err = e.pointAtBalancer(raw); err != nil {
+		return err
+	}
 	return os.WriteFile(path, raw, 0o600)
 }
 
@@ -143,6 +184,7 @@ func (e *ControlPlane) ConfigAs(user string, groups ...string) (*rest.Config, er
 		return nil, err
 	}
 	cfg := added.Config()
+	cfg.Host = e.Config.Host
 	cfg.QPS, cfg.Burst = e.Config.QPS, e.Config.Burst
 	return cfg, nil
 }

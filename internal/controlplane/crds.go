@@ -8,6 +8,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientdiscovery "k8s.io/client-go/discovery"
 	"k8s.io/client-go/util/retry"
@@ -98,13 +99,60 @@ func (e *ControlPlane) UpdateCRD(ctx context.Context, name string, mutate func(*
 }
 
 // SetStorageVersion makes version the CRD's only storage version and waits
-// until the API server stores new writes at it.
+// until the API server (the first, of several) stores new writes at it:
+// discovery shows the switch, and a canary object written through that
+// server is read back from etcd at version. Discovery alone is not enough:
+// an object rewritten right after it switched was once stored at the old
+// version still.
 func (e *ControlPlane) SetStorageVersion(ctx context.Context, name, version string) error {
-	return e.UpdateCRD(ctx, name, func(crd *apiextensionsv1.CustomResourceDefinition) {
+	err := e.UpdateCRD(ctx, name, func(crd *apiextensionsv1.CustomResourceDefinition) {
 		for i := range crd.Spec.Versions {
 			crd.Spec.Versions[i].Storage = crd.Spec.Versions[i].Name == version
 		}
 	})
+	if err != nil {
+		return err
+	}
+	return e.waitStoresAt(ctx, name, version)
+}
+
+// waitStoresAt writes canary objects of a CRD through the first API server
+// until etcd holds one at version. A CRD whose schema or admission refuses
+// an empty object gets no canary: discovery's word is all there is then.
+func (e *ControlPlane) waitStoresAt(ctx context.Context, name, version string) error {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		return err
+	}
+	canary := &unstructured.Unstructured{}
+	canary.SetAPIVersion(crd.Spec.Group + "/" + version)
+	canary.SetKind(crd.Spec.Names.Kind)
+	if crd.Spec.Scope == apiextensionsv1.NamespaceScoped {
+		canary.SetNamespace(metav1.NamespaceDefault)
+	}
+	var stored string
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, crdReadyTimeout, true, func(ctx context.Context) (bool, error) {
+		obj := canary.DeepCopy()
+		obj.SetName(fmt.Sprintf("restow-canary-%d", time.Now().UnixNano()))
+		err := e.first.Create(ctx, obj)
+		switch {
+		case apierrors.IsInvalid(err), apierrors.IsForbidden(err), apierrors.IsBadRequest(err):
+			stored = canary.GetAPIVersion()
+			return true, nil
+		case err != nil:
+			return false, nil
+		}
+		read, err := e.ReadStored(ctx, crd.Spec.Group, crd.Spec.Names.Plural, obj.GetNamespace(), obj.GetName())
+		if err := e.first.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+			return false, err
+		}
+		stored = read.APIVersion
+		return err == nil && stored == canary.GetAPIVersion(), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the API server to store CRD %s's objects at %s (a canary was stored at %q): %w", name, version, stored, err)
+	}
+	return nil
 }
 
 // DeleteCRD deletes a CRD and waits until it is gone (with its objects, for
@@ -123,7 +171,9 @@ func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
 // WaitForCRD waits until a CRD is established and the API server stores at
 // its current storage version, by the same gate a migration pass uses.
 func (e *ControlPlane) WaitForCRD(ctx context.Context, name string) error {
-	disco, err := clientdiscovery.NewDiscoveryClientForConfig(e.Config)
+	// The first API server's discovery: with several, the others may lag
+	// (SetWatchLag), and the caller means the one that does not.
+	disco, err := clientdiscovery.NewDiscoveryClientForConfig(e.environment.Config)
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 )
 
 // APIServerShutdownGrace is how long RestartAPIServer lets kube-apiserver
@@ -39,11 +37,10 @@ func (e *ControlPlane) restartAPIServer(ctx context.Context, down time.Duration,
 	if err != nil {
 		return err
 	}
-	raw, err := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+	args, err := e.apiServerArgs()
 	if err != nil {
 		return err
 	}
-	args := bytes.Split(bytes.TrimRight(raw, "\x00"), []byte{0})
 	n, err := strconv.Atoi(pid)
 	if err != nil {
 		return err
@@ -100,16 +97,9 @@ func (e *ControlPlane) restartedDone() bool {
 	}
 }
 
-// waitAPIServerReady waits until kube-apiserver answers /readyz with ok.
+// waitAPIServerReady waits until the restarted kube-apiserver answers /readyz with ok.
 func (e *ControlPlane) waitAPIServerReady(ctx context.Context) error {
-	clientset, err := kubernetes.NewForConfig(e.Config)
-	if err != nil {
-		return err
-	}
-	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		body, err := clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err == nil && string(body) == "ok", nil
-	})
+	return waitReady(ctx, e.environment.Config, e.environment.Config.Host)
 }
 
 // stopRestarted stops a kube-apiserver RestartAPIServer started, which

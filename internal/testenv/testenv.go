@@ -40,6 +40,10 @@ type Options struct {
 	// APIServerArgs are extra kube-apiserver flags, without the leading
 	// dashes, such as {"etcd-compaction-interval": "5s"}.
 	APIServerArgs map[string]string
+	// APIServers and LaggingAPIServer make a control plane of several API
+	// servers behind a balancer, one of them lagging; see controlplane.Options.
+	APIServers       int
+	LaggingAPIServer bool
 	// AfterRun, if set, runs after the package's tests and benchmarks, while
 	// the control plane is still up; an error fails the run.
 	AfterRun func() error
@@ -69,7 +73,7 @@ func Main(m *testing.M, opts Options, env **Env) {
 		ctrllog.SetLogger(logr.Discard())
 	}
 	start := time.Now()
-	started, err := controlplane.Start(controlplane.Options{CRDDirectoryPaths: opts.CRDDirectoryPaths, APIServerArgs: opts.APIServerArgs})
+	started, err := controlplane.Start(opts.controlPlane())
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
 		os.Exit(1)
@@ -95,6 +99,30 @@ func Main(m *testing.M, opts Options, env **Env) {
 		}
 	}
 	os.Exit(code)
+}
+
+func (o Options) controlPlane() controlplane.Options {
+	return controlplane.Options{
+		CRDDirectoryPaths: o.CRDDirectoryPaths, APIServerArgs: o.APIServerArgs,
+		APIServers: o.APIServers, LaggingAPIServer: o.LaggingAPIServer,
+	}
+}
+
+// Start starts a control plane of the test's own, unlike the package's one
+// (several API servers, say), and stops it when the test ends. AfterRun is
+// not used.
+func Start(t testing.TB, opts Options) *Env {
+	t.Helper()
+	started, err := controlplane.Start(opts.controlPlane())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := started.Stop(); err != nil {
+			t.Errorf("stopping the test's control plane: %v", err)
+		}
+	})
+	return &Env{ControlPlane: started}
 }
 
 // Context returns a context that ends with the test or after timeout.

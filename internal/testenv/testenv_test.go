@@ -9,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -155,4 +157,70 @@ func TestKubeconfigsAtOnce(t *testing.T) {
 			t.Errorf("%s: %v", path, err)
 		}
 	}
+}
+
+// TestSeveralAPIServersOneLagging proves the HA test ground: three API
+// servers on one etcd, each with an identity Lease of its own, and one that
+// sees a CRD's storage switch late. A write of an unchanged object to that
+// server while it lags is answered "unchanged" and leaves the object at the
+// old version in etcd, which is what makes an answer from it no proof; once
+// its lag is over it stores at the new version like the others.
+func TestSeveralAPIServersOneLagging(t *testing.T) {
+	ha := testenv.Start(t, testenv.Options{APIServers: 3, LaggingAPIServer: true, APIServerArgs: map[string]string{"goaway-chance": "0.02"}})
+	ctx := testenv.Context(t, 3*time.Minute)
+	leases := &coordinationv1.LeaseList{}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := ha.Client.List(ctx, leases, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{"apiserver.kubernetes.io/identity": "kube-apiserver"})
+		return err == nil && len(leases.Items) == 3, nil
+	})
+	if err != nil {
+		t.Fatalf("want an identity Lease for each of 3 API servers, have %d: %v", len(leases.Items), err)
+	}
+
+	fx := testenv.Fixture{Env: ha, Group: "lag.testenv.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	keys := fx.CreateObjects(t, "v1beta1", 2, func(int) map[string]any { return map[string]any{"size": 1} }, "default")
+	lagging, err := client.New(ha.ServerConfig(2), client.Options{Scheme: ha.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lag = 6 * time.Second
+	ha.SetWatchLag(lag)
+	switched := time.Now()
+	fx.SwitchStorage(t, "v1")
+
+	// The lagging server still encodes at v1beta1: the rewrite is a no-op.
+	rewrite := func(c client.Client, key client.ObjectKey) (before, after string) {
+		t.Helper()
+		obj := &unstructured.Unstructured{}
+		obj.SetGroupVersionKind(fx.GVK("v1"))
+		if err := c.Get(ctx, key, obj); err != nil {
+			t.Fatal(err)
+		}
+		before = obj.GetResourceVersion()
+		if err := c.Update(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		return before, obj.GetResourceVersion()
+	}
+	before, after := rewrite(lagging, keys[0])
+	if time.Since(switched) >= lag {
+		t.Fatalf("the rewrite through the lagging server took until %s after the switch, past its lag of %s", time.Since(switched), lag)
+	}
+	if before != after {
+		t.Errorf("the lagging server wrote the unchanged object (resourceVersion %s to %s); want it answered unchanged", before, after)
+	}
+	fx.AssertStored(t, map[string]int{"v1beta1": 2})
+
+	// Once the lag is over, the same server stores at v1.
+	ha.SetWatchLag(0)
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		rewrite(lagging, keys[1])
+		counts, err := fx.StoredCounts(ctx)
+		return err == nil && counts["v1"] == 1, err
+	})
+	if err != nil {
+		t.Fatalf("the lagging server never stored at v1 after its lag: %v", err)
+	}
+	fx.AssertStored(t, map[string]int{"v1beta1": 1, "v1": 1})
 }
