@@ -26,6 +26,11 @@ type Options struct {
 	// SettleWindow is how long after the storage switch a pass waits before
 	// it re-checks and prunes; zero means the migrator's default.
 	SettleWindow time.Duration
+	// LagBound and AssumeSeveral say how long API servers may lag each
+	// other's switch of a CRD's storage version, and whether to count them;
+	// see migrator.Migrator.
+	LagBound      time.Duration
+	AssumeSeveral bool
 
 	// AutoMigrate runs the automatic trigger: a StorageMigration for every
 	// CRD whose status.storedVersions lists more than its storage version.
@@ -41,6 +46,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err != nil {
 		return err
 	}
+	m.LagBound, m.AssumeSeveral = opts.LagBound, opts.AssumeSeveral
 	recorder := mgr.GetEventRecorder("restow")
 	migrations := &StorageMigrationReconciler{
 		Client:           mgr.GetClient(),

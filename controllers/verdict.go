@@ -91,18 +91,20 @@ func judge(target migrator.Target, state passState, now time.Time) verdict {
 }
 
 // passUnderWay says what a running pass is doing.
-func passUnderWay(target string, p migrator.Progress, status *migrationv1alpha1.PassProgress) outcome {
+func passUnderWay(target migrator.Target, p migrator.Progress, status *migrationv1alpha1.PassProgress, now time.Time) outcome {
 	switch {
 	case p.Retrying != "":
 		return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+p.Retrying)
+	case p.Phase == migrator.PhaseRewriting && p.Done() == 0 && now.Before(p.SwitchedBy):
+		return reconciling(migrationv1alpha1.WaitingForStorageVersionReason, migrator.LagMessage(target, p.SwitchedBy))
 	case p.Phase == migrator.PhaseSettling:
 		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf(
 			"All %d objects were rewritten to %s; waiting until %s, the end of the settle window, for writes that began on the old storage, then re-checking what others wrote meanwhile before pruning",
-			p.Listed, target, p.SettleUntil.UTC().Format(time.RFC3339)))
+			p.Listed, target.TargetVersion(), p.SettleUntil.UTC().Format(time.RFC3339)))
 	case p.Phase == migrator.PhaseRechecking:
 		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf("The settle window is over; rewriting again the objects others wrote within it (%d so far) before pruning", p.Rechecked))
 	}
-	return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(target, status))
+	return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(target.TargetVersion(), status))
 }
 
 // The engine's words and the API's: counts, failures, progress, checkpoints.
@@ -150,6 +152,12 @@ func statusProgress(p migrator.Progress) *migrationv1alpha1.PassProgress {
 	if p.Phase != migrator.PhaseRewriting && !p.SettleUntil.IsZero() {
 		progress.SettleUntil = &metav1.Time{Time: p.SettleUntil}
 	}
+	if p.LagWait > 0 {
+		progress.LagWait = &metav1.Duration{Duration: p.LagWait}
+	}
+	if !p.SwitchedBy.IsZero() {
+		progress.SwitchedBy = &metav1.Time{Time: p.SwitchedBy}
+	}
 	return progress
 }
 
@@ -163,9 +171,14 @@ func checkpoint(status *migrationv1alpha1.StorageMigrationStatus) *migrator.Chec
 	if phase == "" {
 		phase = migrator.PhaseRewriting
 	}
+	var lagWait time.Duration
+	if p.LagWait != nil {
+		lagWait = p.LagWait.Duration
+	}
 	return &migrator.Checkpoint{
 		Phase:               phase,
 		StartTime:           p.StartTime.Time,
+		LagWait:             lagWait,
 		TargetVersion:       status.TargetVersion,
 		CRDUID:              types.UID(p.CRDUID),
 		CRDGeneration:       p.CRDGeneration,

@@ -200,6 +200,19 @@ type PassProgress struct {
 	// +optional
 	Phase PassPhase `json:"phase,omitempty"`
 
+	// lagWait is how long after startTime the pass waited before its first
+	// page, so that every API server stores at the target version: the
+	// operator's --apiserver-lag-bound when the control plane runs several
+	// API servers or their number is unknown, one second with one. A pass
+	// resumes only from progress that waited at least as long as it would.
+	// +optional
+	LagWait *metav1.Duration `json:"lagWait,omitempty"`
+
+	// switchedBy is startTime plus lagWait: when every API server stores at
+	// the target version, by the lag bound. The first page is listed then.
+	// +optional
+	SwitchedBy *metav1.Time `json:"switchedBy,omitempty"`
+
 	// settleUntil is when the settle window of the pass ends: writes that
 	// began on the old storage before the switch may commit until then.
 	// +optional

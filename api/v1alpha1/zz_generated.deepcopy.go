@@ -80,6 +80,15 @@ func (in *PassProgress) DeepCopyInto(out *PassProgress) {
 		*out = new(int64)
 		**out = **in
 	}
+	if in.LagWait != nil {
+		in, out := &in.LagWait, &out.LagWait
+		*out = new(v1.Duration)
+		**out = **in
+	}
+	if in.SwitchedBy != nil {
+		in, out := &in.SwitchedBy, &out.SwitchedBy
+		*out = (*in).DeepCopy()
+	}
 	if in.SettleUntil != nil {
 		in, out := &in.SettleUntil, &out.SettleUntil
 		*out = (*in).DeepCopy()

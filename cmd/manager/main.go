@@ -42,6 +42,8 @@ type options struct {
 	pageSize             int64
 	statusInterval       time.Duration
 	settleWindow         time.Duration
+	lagBound             time.Duration
+	assumeSeveral        bool
 	stalledRetryBase     time.Duration
 	stalledRetryMax      time.Duration
 	autoMigrate          bool
@@ -78,6 +80,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Most objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency: each pass paces itself below it, to what the API server can take.")
 	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
 	fs.DurationVar(&o.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after it sees a storage switch a pass waits before it re-checks what others wrote and prunes status.storedVersions: writes that began on the old storage may commit until then. At least twice the API server's --request-timeout (default 60s).")
+	fs.DurationVar(&o.lagBound, "apiserver-lag-bound", migrator.DefaultLagBound, "How long any API server may take to see a CRD update after another has (its CRD informer's lag). With several API servers (identity Leases in kube-system), or when their number is unknown, a pass waits this long after the storage switch before its first page, and the settle window counts from then: an answer from a server that has not switched proves nothing. One API server: one second.")
+	fs.BoolVar(&o.assumeSeveral, "assume-several-apiservers", false, "Wait for --apiserver-lag-bound without counting the API servers: for control planes whose API servers share a host name, and so one identity Lease.")
 	fs.DurationVar(&o.statusInterval, "status-interval", 5*time.Second, "How often a running pass writes its progress into status.")
 	fs.DurationVar(&o.stalledRetryBase, "stalled-retry-base", 30*time.Second, "First delay before a Stalled migration is tried again; doubles each time.")
 	fs.BoolVar(&o.autoMigrate, "auto-migrate", true, "Create a StorageMigration for every CRD whose status.storedVersions lists more than its storage version.")
@@ -114,6 +118,9 @@ func run(args []string) error {
 	}
 	if opts.settleWindow <= 0 {
 		return fmt.Errorf("--settle-window must be positive: at least twice the API server's --request-timeout")
+	}
+	if opts.lagBound <= 0 {
+		return fmt.Errorf("--apiserver-lag-bound must be positive: how long any API server may take to see a CRD update after another")
 	}
 	selector, err := labels.Parse(opts.autoMigrateSelector)
 	if err != nil {
@@ -167,6 +174,8 @@ func run(args []string) error {
 		PageSize:            opts.pageSize,
 		StatusInterval:      opts.statusInterval,
 		SettleWindow:        opts.settleWindow,
+		LagBound:            opts.lagBound,
+		AssumeSeveral:       opts.assumeSeveral,
 		StalledRetryBase:    opts.stalledRetryBase,
 		StalledRetryMax:     opts.stalledRetryMax,
 		AutoMigrate:         opts.autoMigrate,

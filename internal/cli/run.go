@@ -30,6 +30,8 @@ type runOptions struct {
 	concurrency  int
 	pageSize     int64
 	settleWindow time.Duration
+	lagBound     time.Duration
+	several      bool
 	timeout      time.Duration
 	namespace    string
 }
@@ -43,9 +45,11 @@ func newRunCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Comman
 		Long: `run rewrites every object of the resource so the API server stores it at the
 CRD's storage version, with the operator's own engine, then prunes the CRD's
 status.storedVersions. Before it prunes it waits out the settle window
-(--settle-window, counted from when it saw the API server store at the new
+(--settle-window, counted from when every API server stores at the new
 version), so that writes that began on the old storage have ended, and
-rewrites again what others wrote meanwhile. It needs no operator: use it in CI
+rewrites again what others wrote meanwhile. On a control plane of several API
+servers (or an unknown number) it first waits --apiserver-lag-bound, since each
+server switches when its own informer sees the CRD update. It needs no operator: use it in CI
 jobs, Helm hooks and Argo CD PostSync hooks. With -n/--namespace it rewrites
 the objects of one namespace and never prunes: the other namespaces are not
 proven. It exits 2 if the resource cannot be migrated or objects could not be
@@ -78,6 +82,8 @@ rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 	cmd.Flags().IntVar(&opts.concurrency, "concurrency", migrator.DefaultConcurrency, "Most objects rewritten in parallel; the pass paces itself below it.")
 	cmd.Flags().Int64Var(&opts.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page.")
 	cmd.Flags().DurationVar(&opts.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after the storage switch writes that began on the old storage may still commit: at least twice the API server's --request-timeout.")
+	cmd.Flags().DurationVar(&opts.lagBound, "apiserver-lag-bound", migrator.DefaultLagBound, "How long any API server may take to see a CRD update after another: with several API servers the pass waits this long after the switch before its first page.")
+	cmd.Flags().BoolVar(&opts.several, "assume-several-apiservers", false, "Wait for --apiserver-lag-bound without counting the API servers by their identity Leases (for API servers that share a host name).")
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", 0, "Give up after this long (0: no limit).")
 	addAllNamespacesFlag(cmd, &allNamespaces)
 	return cmd
@@ -90,6 +96,10 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	if opts.settleWindow <= 0 {
 		return fmt.Errorf("--settle-window must be positive: at least twice the API server's --request-timeout")
 	}
+	if opts.lagBound <= 0 {
+		return fmt.Errorf("--apiserver-lag-bound must be positive: how long any API server may take to see a CRD update after another")
+	}
+	c.migrator.LagBound, c.migrator.AssumeSeveral = opts.lagBound, opts.several
 	gr, err := c.resolveResource(arg)
 	if err != nil {
 		return err
@@ -124,6 +134,9 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	total, err := c.migrator.Count(ctx, target)
 	if err != nil {
 		total = -1
+	}
+	if target.LagWait > time.Second {
+		fmt.Fprintln(streams.ErrOut, migrator.LagMessage(target, time.Now().Add(target.LagWait))+".")
 	}
 	bar := newProgress(streams.Out, fmt.Sprintf("Rewriting %s%s to %s", gr, inNamespace(target), version), total)
 	start := time.Now()

@@ -68,7 +68,8 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	// Only a migration that may prune re-checks, and needs the record.
 	mg.recordWrites = target.CRD != nil && opts.Prune && !target.Partial()
 	if mg.progress().Phase == PhaseRewriting {
-		if err := sleepUntil(ctx, mg.cp.StartTime.Add(informerLag)); err != nil {
+		// No answer counts before every API server has switched (lag.go).
+		if err := sleepUntil(ctx, mg.switchedBy); err != nil {
 			return mg.result(), err
 		}
 		if err := mg.pass(ctx, false); err != nil {

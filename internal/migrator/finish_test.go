@@ -59,8 +59,8 @@ func TestMustRecheck(t *testing.T) {
 
 // A checkpoint resumes only the pass it was taken on.
 func TestCheckpointResumes(t *testing.T) {
-	target := Target{CRD: &CRDState{UID: "uid-1", Generation: 3, StorageVersion: "v1"}}
-	base := Checkpoint{StartTime: time.Now(), TargetVersion: "v1", CRDUID: "uid-1", CRDGeneration: 3}
+	target := Target{CRD: &CRDState{UID: "uid-1", Generation: 3, StorageVersion: "v1"}, LagWait: 30 * time.Second}
+	base := Checkpoint{StartTime: time.Now(), TargetVersion: "v1", CRDUID: "uid-1", CRDGeneration: 3, LagWait: 30 * time.Second}
 	tests := []struct {
 		name   string
 		mutate func(*Checkpoint)
@@ -72,6 +72,10 @@ func TestCheckpointResumes(t *testing.T) {
 		{"another target version", func(cp *Checkpoint) { cp.TargetVersion = "v2" }, false},
 		{"saved before checkpoints named their CRD", func(cp *Checkpoint) { cp.CRDUID, cp.CRDGeneration = "", 0 }, false},
 		{"no start time", func(cp *Checkpoint) { cp.StartTime = time.Time{} }, false},
+		// Its pages may have been proven by an API server that had not switched.
+		{"waited less for the API servers than the target asks", func(cp *Checkpoint) { cp.LagWait = time.Second }, false},
+		{"saved before checkpoints said how long they waited", func(cp *Checkpoint) { cp.LagWait = 0 }, false},
+		{"waited longer for the API servers", func(cp *Checkpoint) { cp.LagWait = time.Minute }, true},
 	}
 	for _, tt := range tests {
 		cp := base

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -60,6 +61,15 @@ type Migrator struct {
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
 	// and Objects' requests, so passes slow down at once (pace.go).
 	Throttle *Throttle
+	// LagBound is how long any API server of the control plane may take to
+	// switch a CRD's storage version after another has (lag.go): with
+	// several API servers the first pass waits that long. Zero means
+	// DefaultLagBound.
+	LagBound time.Duration
+	// AssumeSeveral skips counting the API servers by their identity Leases
+	// and waits for LagBound as with several: for control planes whose API
+	// servers share a host name, and so one Lease.
+	AssumeSeveral bool
 }
 
 // NewForConfig builds a migrator on cfg whose reads are all uncached: c
@@ -139,6 +149,14 @@ type Target struct {
 	StorageVersion string
 	// CRD is set when the resource is served from a CustomResourceDefinition.
 	CRD *CRDState
+	// LagWait is how long after Resolve saw the switch the first pass waits,
+	// so that every API server stores at the target version (lag.go): the
+	// lag bound, or less with one API server; zero for built-in resources.
+	LagWait time.Duration
+	// APIServers is how many API servers Resolve counted for a CRD, or 0 when
+	// it could not tell (APIServersUnknown says why).
+	APIServers        int
+	APIServersUnknown string
 }
 
 // CRDState is what a migration remembers of a CRD when it begins.
@@ -187,7 +205,7 @@ func (m *Migrator) Resolve(ctx context.Context, gr schema.GroupResource) (Target
 	err := m.Reader.Get(ctx, client.ObjectKey{Name: gr.String()}, crd)
 	switch {
 	case err == nil:
-		return m.resolveCRD(crd)
+		return m.resolveCRD(ctx, crd)
 	case !apierrors.IsNotFound(err):
 		return Target{}, &TransientError{Err: fmt.Errorf("reading CRD %s: %w", gr, err)}
 	}
@@ -262,7 +280,7 @@ func versionWithHash(group, kind string, versions []string, hash string) string 
 	return ""
 }
 
-func (m *Migrator) resolveCRD(crd *apiextensionsv1.CustomResourceDefinition) (Target, error) {
+func (m *Migrator) resolveCRD(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) (Target, error) {
 	state := &CRDState{
 		Name:           crd.Name,
 		UID:            crd.UID,
@@ -297,13 +315,19 @@ func (m *Migrator) resolveCRD(crd *apiextensionsv1.CustomResourceDefinition) (Ta
 			state.StatusSubresource = v.Subresources != nil && v.Subresources.Status != nil
 		}
 	}
+	// One API server has switched; the others may follow up to the lag
+	// bound later.
+	lagWait, servers, unknown := m.lagWait(ctx)
 	// List and patch through the storage version: it is served, and objects
 	// already stored at it need no conversion.
 	return Target{
-		Resource:   schema.GroupVersionResource{Group: crd.Spec.Group, Version: state.StorageVersion, Resource: crd.Spec.Names.Plural},
-		Kind:       crd.Spec.Names.Kind,
-		Namespaced: crd.Spec.Scope == apiextensionsv1.NamespaceScoped,
-		CRD:        state,
+		Resource:          schema.GroupVersionResource{Group: crd.Spec.Group, Version: state.StorageVersion, Resource: crd.Spec.Names.Plural},
+		Kind:              crd.Spec.Names.Kind,
+		Namespaced:        crd.Spec.Scope == apiextensionsv1.NamespaceScoped,
+		CRD:               state,
+		LagWait:           lagWait,
+		APIServers:        servers,
+		APIServersUnknown: unknown,
 	}, nil
 }
 

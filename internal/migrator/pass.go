@@ -34,12 +34,6 @@ const (
 	DefaultSettleWindow = 2 * time.Minute
 	// maxFailedObjects bounds the failures a pass keeps, as the API does.
 	maxFailedObjects = 10
-	// informerLag is how long after the readiness gate passed a migration
-	// waits before its first pass: in an HA control plane another API server
-	// may still serve the old storage for as long as its CRD informer lags
-	// behind the one that answered the gate, and a rewrite it answered would
-	// prove nothing.
-	informerLag = time.Second
 	// maxChangedRetries bounds how often one object is re-read and patched
 	// again because others keep changing it while its managedFields need
 	// re-pointing.
@@ -131,8 +125,12 @@ type Options struct {
 type Checkpoint struct {
 	Phase Phase
 	// StartTime is when the migration began, just after it saw the API
-	// server store at the target version: the settle window counts from it.
+	// server store at the target version.
 	StartTime time.Time
+	// LagWait is how long after StartTime the first pass began (lag.go): by
+	// then every API server stored at the target version. The settle window
+	// counts from StartTime + LagWait.
+	LagWait time.Duration
 	// TargetVersion, CRDUID and CRDGeneration bind the checkpoint to the
 	// CRD the migration began on.
 	TargetVersion string
@@ -152,12 +150,14 @@ type Checkpoint struct {
 }
 
 // Resumes reports whether cp was taken on the CRD and version of target, at
-// the same generation: only then may a migration go on from it. Otherwise
-// pages it passed may hold objects written at another version since.
+// the same generation, and waited at least as long for every API server to
+// switch as target asks: only then may a migration go on from it. Otherwise
+// pages it passed may hold objects written at another version since, or
+// proven by an API server that had not switched.
 func (cp *Checkpoint) Resumes(target Target) bool {
 	// A migration limited to one namespace never resumes: its token would
 	// skip the namespaces before it in a migration of the whole resource.
-	if cp == nil || target.Partial() || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() {
+	if cp == nil || target.Partial() || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() || cp.LagWait < target.LagWait {
 		return false
 	}
 	if target.CRD == nil {
@@ -173,6 +173,9 @@ type Progress struct {
 	RemainingEstimate *int64
 	// Retrying describes the transient error being retried, or is "".
 	Retrying string
+	// SwitchedBy is when every API server stores at the target version, by
+	// the lag bound: the first pass starts then (lag.go).
+	SwitchedBy time.Time
 	// SettleUntil is when the settle window ends.
 	SettleUntil time.Time
 	// Concurrency is the pace: how many rewrites the pass has in flight
@@ -224,6 +227,8 @@ type migration struct {
 	retryingMsg string
 	settleUntil time.Time
 	stopErr     error
+	// switchedBy is when every API server stores at the target version.
+	switchedBy time.Time
 	// proven records the resourceVersions the pass's own rewrites produced
 	// or confirmed after the list snapshot, until cp.WindowEnd is known, when
 	// recordWrites says the re-check will need them; see finish.go.
@@ -256,11 +261,18 @@ func newMigration(m *Migrator, target Target, opts Options, observe Observer) *m
 	}
 	mg.cp = *cp
 	mg.cp.Failures = append([]Failure(nil), cp.Failures...)
-	mg.settleUntil = mg.cp.StartTime.Add(opts.SettleWindow)
+	mg.switchedBy = mg.cp.StartTime.Add(mg.cp.LagWait)
+	if resumed && mg.cp.Phase == PhaseRewriting && mg.cp.Continue == "" && mg.cp.Done() == 0 {
+		// Nothing was proven yet, and the start time was taken by another
+		// process, maybe on another node whose clock is ahead: wait the
+		// whole lag from now.
+		mg.switchedBy = time.Now().Add(mg.cp.LagWait)
+	}
+	mg.settleUntil = mg.switchedBy.Add(opts.SettleWindow)
 	if resumed && mg.cp.WindowEnd == "" {
 		// The start time was taken by another process, maybe on another
 		// node whose clock is behind: count a whole window from now.
-		mg.settleUntil = time.Now().Add(opts.SettleWindow)
+		mg.settleUntil = later(mg.settleUntil, time.Now().Add(opts.SettleWindow))
 	}
 	return mg
 }
@@ -308,7 +320,7 @@ func (mg *migration) report() {
 func (mg *migration) progress() Progress {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SettleUntil: mg.settleUntil}
+	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, SettleUntil: mg.settleUntil}
 	if mg.pace != nil {
 		p.Concurrency = mg.pace.current()
 	}
@@ -927,7 +939,7 @@ func (mg *migration) passError(doing string, err error) error {
 // NewCheckpoint is the checkpoint of a migration of target that begins now,
 // just after Resolve saw the API server store at the target version.
 func NewCheckpoint(target Target) *Checkpoint {
-	cp := &Checkpoint{Phase: PhaseRewriting, StartTime: time.Now(), TargetVersion: target.TargetVersion()}
+	cp := &Checkpoint{Phase: PhaseRewriting, StartTime: time.Now(), LagWait: target.LagWait, TargetVersion: target.TargetVersion()}
 	if target.CRD != nil {
 		cp.CRDUID, cp.CRDGeneration = target.CRD.UID, target.CRD.Generation
 	}
