@@ -102,6 +102,11 @@ type scenario struct {
 	conversion *apiextensionsv1.CustomResourceConversion
 	// fx is the scenario's CRD as the shared test fixture.
 	fx testenv.Fixture
+	// env is the control plane the scenario runs on: the package's, or one
+	// of the test's own (withEnv).
+	env *testenv.Env
+	// kubeconfig is the managers' kubeconfig for env.
+	kubeconfig string
 
 	// writers, when started, update and delete objects during the pass.
 	writers *writers
@@ -131,6 +136,12 @@ func withConversion(c *apiextensionsv1.CustomResourceConversion) scenarioOption 
 	return func(s *scenario) { s.conversion = c }
 }
 
+// withEnv runs the scenario on a control plane of the test's own, such as
+// several API servers.
+func withEnv(e *testenv.Env) scenarioOption {
+	return func(s *scenario) { s.env = e }
+}
+
 // newScenario installs the scenario's CRD with objectCount objects at
 // v1beta1 in 5 namespaces and starts observing its storedVersions.
 func newScenario(t *testing.T, name string, opts ...scenarioOption) *scenario {
@@ -139,26 +150,35 @@ func newScenario(t *testing.T, name string, opts ...scenarioOption) *scenario {
 		t: t, name: name, n: objectCount(t),
 		group:    name + ".e2e.restow.dev",
 		versions: []string{"v1beta1", "v1"},
+		env:      env,
 	}
 	for _, o := range opts {
 		o(s)
 	}
-	s.fx = testenv.Fixture{Env: env, Group: s.group, Kind: kind, Plural: plural, Namespaced: true,
+	if s.env == env {
+		s.kubeconfig = adminKubeconfig(t)
+	} else {
+		s.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+		if err := s.env.WriteKubeconfig(s.kubeconfig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.fx = testenv.Fixture{Env: s.env, Group: s.group, Kind: kind, Plural: plural, Namespaced: true,
 		Labels: map[string]string{scenarioLabel: name}, Conversion: s.conversion}
 	s.crdName = s.fx.CRDName()
 	s.fx.Install(t, s.versions...)
 	t.Cleanup(func() {
 		// Before the CRD's deletion (cleanups run last first).
-		_ = env.Client.Delete(context.Background(), &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: s.crdName}})
+		_ = s.env.Client.Delete(context.Background(), &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: s.crdName}})
 	})
 	for i := range 5 {
 		s.namespaces = append(s.namespaces, fmt.Sprintf("%s-%d", name, i))
 	}
-	if err := env.EnsureNamespaces(t.Context(), s.namespaces...); err != nil {
+	if err := s.env.EnsureNamespaces(t.Context(), s.namespaces...); err != nil {
 		t.Fatal(err)
 	}
 	payload := strings.Repeat("x", 512)
-	err := env.CreateObjects(t.Context(), s.n, func(i int) client.Object {
+	err := s.env.CreateObjects(t.Context(), s.n, func(i int) client.Object {
 		u := s.object("v1beta1", i)
 		u.Object["spec"] = map[string]any{"n": int64(i), "payload": payload, "writer": "created"}
 		return u
@@ -167,7 +187,7 @@ func newScenario(t *testing.T, name string, opts ...scenarioOption) *scenario {
 		t.Fatal(err)
 	}
 	s.assertStored("v1beta1", s.n)
-	s.observer = env.ObservePrunes(t, s.group, plural, 100*time.Millisecond)
+	s.observer = s.env.ObservePrunes(t, s.group, plural, 100*time.Millisecond)
 	return s
 }
 
@@ -182,7 +202,7 @@ func (s *scenario) startManager(name string, args ...string) *operator.Process {
 	s.t.Helper()
 	p := operator.StartProcess(s.t, operator.ProcessOptions{
 		Name:       name,
-		Kubeconfig: adminKubeconfig(s.t),
+		Kubeconfig: s.kubeconfig,
 		Args: append([]string{
 			"--auto-migrate-selector=" + scenarioLabel + "=" + s.name,
 			"--leader-election-namespace=" + s.namespaces[0],
@@ -235,10 +255,10 @@ func (s *scenario) waitMigrated(version string, timeout time.Duration) {
 	sm := &migrationv1alpha1.StorageMigration{}
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	err := wait.PollUntilContextTimeout(s.t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, crd); err != nil {
+		if err := s.env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, crd); err != nil {
 			return false, err
 		}
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm); err != nil {
+		if err := s.env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm); err != nil {
 			return false, client.IgnoreNotFound(err)
 		}
 		return slices.Equal(crd.Status.StoredVersions, []string{version}) && sm.ReadyAt(version), nil
@@ -266,7 +286,7 @@ func (s *scenario) assertDone(version string) {
 	}
 	s.assertStored(version, want)
 	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := env.Client.Get(s.t.Context(), client.ObjectKey{Name: s.crdName}, crd); err != nil {
+	if err := s.env.Client.Get(s.t.Context(), client.ObjectKey{Name: s.crdName}, crd); err != nil {
 		s.t.Fatal(err)
 	}
 	if !slices.Equal(crd.Status.StoredVersions, []string{version}) {
@@ -326,7 +346,7 @@ func (w *writers) update(ctx context.Context, i int, value string) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		obj := w.s.object("v1", i)
 		patch := fmt.Appendf(nil, `{"spec":{"writer":%q}}`, fmt.Sprintf("%s.%d", value, attempt))
-		err := env.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))
+		err := w.s.env.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))
 		if err == nil {
 			w.mu.Lock()
 			w.last[i] = fmt.Sprintf("%s.%d", value, attempt)
@@ -344,7 +364,7 @@ func (w *writers) update(ctx context.Context, i int, value string) {
 
 func (w *writers) deleteObject(ctx context.Context, i int) {
 	for ctx.Err() == nil {
-		err := env.Client.Delete(ctx, w.s.object("v1", i))
+		err := w.s.env.Client.Delete(ctx, w.s.object("v1", i))
 		if err == nil || apierrors.IsNotFound(err) {
 			w.mu.Lock()
 			w.gone[i] = true
@@ -378,7 +398,7 @@ func (w *writers) deleted() []int {
 		if last != "?" || w.gone[i] {
 			continue
 		}
-		err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(w.s.object("v1", i)), w.s.object("v1", i))
+		err := w.s.env.Client.Get(context.Background(), client.ObjectKeyFromObject(w.s.object("v1", i)), w.s.object("v1", i))
 		if apierrors.IsNotFound(err) {
 			out = append(out, i)
 		}
@@ -402,7 +422,7 @@ func (w *writers) assertLastWritesStored() {
 			unknown++
 			continue
 		}
-		stored, err := env.ReadStored(t.Context(), w.s.group, plural, obj.GetNamespace(), obj.GetName())
+		stored, err := w.s.env.ReadStored(t.Context(), w.s.group, plural, obj.GetNamespace(), obj.GetName())
 		if w.gone[i] {
 			if err == nil {
 				t.Errorf("%s/%s was deleted but etcd holds it again", obj.GetNamespace(), obj.GetName())
@@ -439,7 +459,7 @@ func (w *writers) assertLastWritesStored() {
 // migration reads the scenario's StorageMigration.
 func (s *scenario) migration(ctx context.Context) (*migrationv1alpha1.StorageMigration, error) {
 	sm := &migrationv1alpha1.StorageMigration{}
-	return sm, env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm)
+	return sm, s.env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm)
 }
 
 // waitCondition waits until the scenario's StorageMigration has condition

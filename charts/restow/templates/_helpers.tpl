@@ -68,6 +68,12 @@ manager.
 {{- with .Values.settleWindow }}
 - --settle-window={{ . }}
 {{- end }}
+{{- with .Values.apiServerLagBound }}
+- --apiserver-lag-bound={{ . }}
+{{- end }}
+{{- if .Values.assumeSeveralAPIServers }}
+- --assume-several-apiservers
+{{- end }}
 {{- with .Values.statusInterval }}
 - --status-interval={{ . }}
 {{- end }}

@@ -19,6 +19,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -103,28 +104,27 @@ type strategy struct {
 const interleavedRounds = 5
 
 // interleavedBare is the fewest workers of a bare loop that runs
-// interleavedRounds times: the loops of 32 and 64 workers, the fastest of
-// the yardstick's in every run so far (those of 4 to 16 did 0.63–0.89× the
-// 64-worker loop's objects/s in the runs of 2026-11-23 and 2026-11-24), run
-// as often as restow, the slower ones once.
+// interleavedRounds times: the loops of 32 and 64 workers of either request
+// kind, the fastest of the loops of 4 to 64 in every run so far (those of 4
+// to 16 did 0.63–0.89× the 64-worker patch loop's objects/s in the runs of
+// 2026-11-23 and 2026-11-24), run as often as restow, the slower ones once.
 const interleavedBare = 32
 
 // scaleObjects is the largest size of the comparison; above it only the
 // scale strategies run (make bench-scale).
 const scaleObjects = 50000
 
-// sweepConcurrency are the worker counts of the bare loop, and of restow
-// held at a fixed concurrency, in the plot of objects/s against workers.
-// The best of the bare loops is restow's yardstick at every size.
+// sweepConcurrency are the worker counts of the bare loops, and of restow
+// held at a fixed concurrency, in the plot of objects/s against workers, at
+// every size. The best bare loop of either kind at any worker count that ran
+// (these, and beyondConcurrency at sweepObjects) is restow's yardstick.
 var sweepConcurrency = []int{4, 8, 16, 32, 64}
 
-// beyondConcurrency are the worker counts past the yardstick's, up to
-// restow's default bound, at which both run once at sweepObjects: what more
-// requests in flight than 64 buy on this API server.
+// beyondConcurrency are the worker counts past sweepConcurrency, up to
+// restow's default bound, at which the bare loops and restow held at a fixed
+// concurrency run once at sweepObjects: what more requests in flight than 64
+// buy on this API server.
 var beyondConcurrency = []int{128, 256}
-
-// maxBareConcurrency is the largest bare loop of the yardstick.
-const maxBareConcurrency = 64
 
 func strategies() []strategy {
 	fixed := func(opts migrator.Options) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
@@ -143,16 +143,20 @@ func strategies() []strategy {
 	// The settle window is a safety wait, not work: short here, so it ends
 	// during the pass, and the re-check after it is measured on its own.
 	defaults := &migrator.Options{Prune: true, SettleWindow: time.Second}
-	out := append(make([]strategy, 0, 3+2*len(sweepConcurrency)+2*len(beyondConcurrency)+9),
+	out := append(make([]strategy, 0, 3+3*len(sweepConcurrency)+3*len(beyondConcurrency)+9),
 		strategy{name: "restow", migrate: defaults, profile: true, interleave: true},
 		strategy{name: "restow-noop", noop: true, pass: fixed(migrator.Options{})},
 		strategy{name: "operator", operator: []string{}, interleave: true},
 	)
 	for _, c := range sweepConcurrency {
-		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), profile: c == 16, interleave: c >= interleavedBare})
+		out = append(out,
+			strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), profile: c == 16, interleave: c >= interleavedBare},
+			strategy{name: fmt.Sprintf("bare-update-c%d", c), series: "bare update loop", concurrency: c, pass: bareUpdateLoop(c), interleave: c >= interleavedBare})
 	}
 	for _, c := range beyondConcurrency {
-		out = append(out, strategy{name: fmt.Sprintf("bare-patch-c%d", c), sweep: true, series: "bare patch loop", concurrency: c, pass: barePatchLoop(c)})
+		out = append(out,
+			strategy{name: fmt.Sprintf("bare-patch-c%d", c), sweep: true, series: "bare patch loop", concurrency: c, pass: barePatchLoop(c)},
+			strategy{name: fmt.Sprintf("bare-update-c%d", c), sweep: true, series: "bare update loop", concurrency: c, pass: bareUpdateLoop(c)})
 	}
 	for _, c := range append(slices.Clone(sweepConcurrency), beyondConcurrency...) {
 		out = append(out, strategy{name: fmt.Sprintf("restow-fixed-c%d", c), sweep: true, series: "restow, fixed concurrency", concurrency: c,
@@ -201,7 +205,9 @@ func (t countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return t.rt.RoundTrip(r)
 }
 
-func newClients(b *testing.B, config *rest.Config) *clients {
+// newClients makes the clients of config; the migrator reads CRDs through
+// e's administrator client.
+func newClients(b *testing.B, e *testenv.Env, config *rest.Config) *clients {
 	c := &clients{}
 	cfg := rest.CopyConfig(config)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
@@ -214,7 +220,7 @@ func newClients(b *testing.B, config *rest.Config) *clients {
 	if c.dynamic, err = dynamic.NewForConfig(cfg); err != nil {
 		b.Fatal(err)
 	}
-	if c.migrator, err = migrator.NewForConfig(cfg, env.Client); err != nil {
+	if c.migrator, err = migrator.NewForConfig(cfg, e.Client); err != nil {
 		b.Fatal(err)
 	}
 	return c
@@ -325,6 +331,54 @@ func barePatchLoop(workers int) func(ctx context.Context, c *clients, gvr schema
 	}
 }
 
+// bareUpdateLoop is the API server's limit for the other request kind: each
+// object listed whole (pages of 500) and written back as listed by an update
+// from a bounded pool of workers, with no bookkeeping. A conflict or a
+// deletion means someone else wrote the object.
+func bareUpdateLoop(workers int) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
+	return func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		work := make(chan *unstructured.Unstructured, workers)
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for obj := range work {
+					_, err := c.dynamic.Resource(gvr).Namespace(obj.GetNamespace()).Update(ctx, obj, metav1.UpdateOptions{})
+					if err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+						cancel(err)
+					}
+				}
+			})
+		}
+		err := func() error {
+			token := ""
+			for {
+				list, err := c.dynamic.Resource(gvr).List(ctx, metav1.ListOptions{Limit: migrator.DefaultPageSize, Continue: token})
+				if err != nil {
+					return err
+				}
+				for i := range list.Items {
+					select {
+					case work <- &list.Items[i]:
+					case <-ctx.Done():
+						return context.Cause(ctx)
+					}
+				}
+				if token = list.GetContinue(); token == "" {
+					return nil
+				}
+			}
+		}()
+		close(work)
+		wg.Wait()
+		if err != nil {
+			return err
+		}
+		return context.Cause(ctx)
+	}
+}
+
 // BenchmarkCompare times restow's pass against the baselines on the same API
 // server, each over the same n objects of about 1 KiB in 10 namespaces, and
 // checks in etcd after every run that all are stored at the new version.
@@ -336,7 +390,7 @@ func barePatchLoop(workers int) func(ctx context.Context, c *clients, gvr schema
 func BenchmarkCompare(b *testing.B) {
 	for _, n := range sizes(b) {
 		b.Run(fmt.Sprintf("objects=%d", n), func(b *testing.B) {
-			f := newCompareFixture(b, n)
+			f := newCompareFixture(b, env, fmt.Sprintf("n%d.compare.bench.restow.dev", n), n)
 			rounds := 1
 			if n == sweepObjects || n == scaleObjects {
 				rounds = interleavedRounds
@@ -387,7 +441,9 @@ func (f *compareFixture) runStrategy(b *testing.B, n int, s strategy) {
 }
 
 type compareFixture struct {
-	fx testenv.Fixture
+	// env is the control plane the fixture lives on.
+	env *testenv.Env
+	fx  testenv.Fixture
 	n  int
 	// round counts the interleaved rounds.
 	round   int
@@ -402,12 +458,13 @@ type compareFixture struct {
 // migrates that CRD and no other.
 const benchLabel = "bench.restow.dev/objects"
 
-func newCompareFixture(b *testing.B, n int) *compareFixture {
-	fx := blobs(fmt.Sprintf("n%d.compare.bench.restow.dev", n))
+func newCompareFixture(b *testing.B, e *testenv.Env, group string, n int) *compareFixture {
+	fx := blobs(group)
+	fx.Env = e
 	fx.Labels = map[string]string{benchLabel: strconv.Itoa(n)}
 	fx.Install(b, "v1beta1", "v1")
 	createObjects(b, fx, n)
-	return &compareFixture{fx: fx, n: n, group: fx.Group, crdName: fx.CRDName(), clients: newClients(b, env.Config), storage: "v1beta1"}
+	return &compareFixture{env: e, fx: fx, n: n, group: fx.Group, crdName: fx.CRDName(), clients: newClients(b, e, e.Config), storage: "v1beta1"}
 }
 
 func (f *compareFixture) gvr() schema.GroupVersionResource {
@@ -418,7 +475,7 @@ func (f *compareFixture) gvr() schema.GroupVersionResource {
 // pass must re-encode every object.
 func (f *compareFixture) switchStorage(ctx context.Context) error {
 	next := map[string]string{"v1beta1": "v1", "v1": "v1beta1"}[f.storage]
-	if err := env.SetStorageVersion(ctx, f.crdName, next); err != nil {
+	if err := f.env.SetStorageVersion(ctx, f.crdName, next); err != nil {
 		return err
 	}
 	f.storage = next
@@ -524,7 +581,7 @@ func (f *compareFixture) run(b *testing.B, s strategy) {
 			writer.alone = append(writer.alone, alone.stop(b)...)
 			w = startWriter(b)
 		}
-		waitQuiet(b)
+		waitQuiet(b, f.env)
 		stopProfiles := f.startProfiles(b, s)
 		runtime.GC()
 		sampler := startHeapSampler()
@@ -588,7 +645,7 @@ func (f *compareFixture) runPass(ctx context.Context, c *clients, s strategy) (m
 	}
 	c.requests.Store(0)
 	c.first.Store(0)
-	cpuBefore, err := env.APIServerCPU()
+	cpuBefore, err := f.env.APIServerCPU()
 	if err != nil {
 		return measured{}, err
 	}
@@ -596,7 +653,7 @@ func (f *compareFixture) runPass(ctx context.Context, c *clients, s strategy) (m
 	if s.migrate == nil {
 		err := s.pass(ctx, c, f.gvr())
 		m := measured{pass: time.Since(start), requests: c.requests.Load()}
-		cpuAfter, cpuErr := env.APIServerCPU()
+		cpuAfter, cpuErr := f.env.APIServerCPU()
 		m.apiserverCPU = cpuAfter - cpuBefore
 		return m, errors.Join(err, cpuErr)
 	}
@@ -617,7 +674,7 @@ func (f *compareFixture) runPass(ctx context.Context, c *clients, s strategy) (m
 		case p.Phase == migrator.PhaseSettling && passEnd.IsZero():
 			passEnd = time.Now()
 			m.requests = c.requests.Load()
-			cpuAfter, err := env.APIServerCPU()
+			cpuAfter, err := f.env.APIServerCPU()
 			m.apiserverCPU, observeErr = cpuAfter-cpuBefore, err
 		case p.Phase == migrator.PhaseRechecking && recheckStart == 0:
 			recheckStart = c.requests.Load()
@@ -659,7 +716,7 @@ func (f *compareFixture) startBusyWriter(ctx context.Context, s strategy) func()
 		// Begin after the pass's first list, spread over two seconds.
 		time.Sleep(1500 * time.Millisecond)
 		// Not through the counting clients: these requests are not the pass's.
-		others, err := metadata.NewForConfig(env.Config)
+		others, err := metadata.NewForConfig(f.env.Config)
 		if err != nil {
 			return
 		}
@@ -688,7 +745,7 @@ func (f *compareFixture) startBusyWriter(ctx context.Context, s strategy) func()
 func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 	ctx := b.Context()
 	kubeconfig := filepath.Join(b.TempDir(), "kubeconfig")
-	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+	if err := f.env.WriteKubeconfig(kubeconfig); err != nil {
 		b.Fatal(err)
 	}
 	var requests, statusWrites float64
@@ -710,9 +767,9 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		waitQuiet(b)
+		waitQuiet(b, f.env)
 		writes, stopCounting := f.countMigrationWrites(b)
-		cpuBefore, err := env.APIServerCPU()
+		cpuBefore, err := f.env.APIServerCPU()
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -722,7 +779,7 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		}
 		err = f.waitPruned(ctx)
 		b.StopTimer()
-		cpuAfter, cpuErr := env.APIServerCPU()
+		cpuAfter, cpuErr := f.env.APIServerCPU()
 		if err != nil || cpuErr != nil {
 			b.Fatalf("%s: %v %v\n%s", s.name, err, cpuErr, manager.Logs())
 		}
@@ -766,12 +823,12 @@ func (f *compareFixture) pruneStoredVersions(b *testing.B) {
 	f.assertStored(b)
 	ctx := b.Context()
 	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: f.crdName}, crd); err != nil {
+	if err := f.env.Client.Get(ctx, client.ObjectKey{Name: f.crdName}, crd); err != nil {
 		b.Fatal(err)
 	}
 	patch := client.MergeFrom(crd.DeepCopy())
 	crd.Status.StoredVersions = []string{f.storage}
-	if err := env.Client.Status().Patch(ctx, crd, patch); err != nil {
+	if err := f.env.Client.Status().Patch(ctx, crd, patch); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -780,7 +837,7 @@ func (f *compareFixture) pruneStoredVersions(b *testing.B) {
 func (f *compareFixture) waitPruned(ctx context.Context) error {
 	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Hour, true, func(ctx context.Context) (bool, error) {
 		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: f.crdName}, crd); err != nil {
+		if err := f.env.Client.Get(ctx, client.ObjectKey{Name: f.crdName}, crd); err != nil {
 			return false, err
 		}
 		return slices.Equal(crd.Status.StoredVersions, []string{f.storage}), nil
@@ -815,7 +872,7 @@ func (f *compareFixture) countMigrationWrites(b *testing.B) (*atomic.Int64, func
 // the test control plane runs no garbage collector.
 func (f *compareFixture) deleteAutomaticMigration(b *testing.B) {
 	sm := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: f.crdName}}
-	if err := env.Client.Delete(b.Context(), sm); err != nil {
+	if err := f.env.Client.Delete(b.Context(), sm); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -830,15 +887,15 @@ func (f *compareFixture) assertStored(b *testing.B) {
 // (under a quarter of a core over a second), so that one row does not pay
 // for the work of the one before: creating the objects, a storage switch,
 // etcd's compaction.
-func waitQuiet(b *testing.B) {
+func waitQuiet(b *testing.B, e *testenv.Env) {
 	b.Helper()
 	for range 30 {
-		before, err := env.APIServerCPU()
+		before, err := e.APIServerCPU()
 		if err != nil {
 			b.Fatal(err)
 		}
 		time.Sleep(time.Second)
-		after, err := env.APIServerCPU()
+		after, err := e.APIServerCPU()
 		if err != nil {
 			b.Fatal(err)
 		}

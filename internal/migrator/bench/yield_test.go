@@ -69,7 +69,7 @@ func yieldClients(b *testing.B) *clients {
 		if writerCfg, yield.err = serviceAccountConfig(b.Context(), writerNamespace, "writer"); yield.err != nil {
 			return
 		}
-		yield.clients = newClients(b, restowCfg)
+		yield.clients = newClients(b, env, restowCfg)
 		yield.writer, yield.err = kubernetes.NewForConfig(writerCfg)
 	})
 	if yield.err != nil {
