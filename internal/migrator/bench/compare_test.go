@@ -444,7 +444,7 @@ type compareFixture struct {
 	// env is the control plane the fixture lives on.
 	env *testenv.Env
 	fx  testenv.Fixture
-	n  int
+	n   int
 	// round counts the interleaved rounds.
 	round   int
 	group   string
