@@ -353,7 +353,10 @@ func (r *StorageMigrationReconciler) startPass(ctx context.Context, sm *migratio
 	cp := checkpoint(&sm.Status)
 	resumed := cp.Resumes(target)
 	if !resumed {
-		if cp != nil {
+		switch {
+		case cp != nil && cp.LagWait < target.LagWait:
+			why = "starting over: the interrupted pass waited less for every API server to switch than this control plane needs"
+		case cp != nil:
 			why = "starting over: the CRD or the target version changed since the interrupted pass"
 		}
 		cp = migrator.NewCheckpoint(target)

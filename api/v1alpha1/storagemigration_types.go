@@ -203,13 +203,16 @@ type PassProgress struct {
 	// lagWait is how long after startTime the pass waited before its first
 	// page, so that every API server stores at the target version: the
 	// operator's --apiserver-lag-bound when the control plane runs several
-	// API servers or their number is unknown, one second with one. A pass
-	// resumes only from progress that waited at least as long as it would.
+	// API servers or their number is unknown; absent with one (its first
+	// page comes a second after the switch). The settle window counts from
+	// startTime plus lagWait. A pass resumes only from progress that waited
+	// at least as long as it would.
 	// +optional
 	LagWait *metav1.Duration `json:"lagWait,omitempty"`
 
 	// switchedBy is startTime plus lagWait: when every API server stores at
-	// the target version, by the lag bound. The first page is listed then.
+	// the target version, by the lag bound. The first page is listed then
+	// (a second after startTime at the earliest).
 	// +optional
 	SwitchedBy *metav1.Time `json:"switchedBy,omitempty"`
 

@@ -26,7 +26,8 @@ import (
 // CRD. Such a write (held by a slow admission webhook, or sent through a
 // lagging API server) can commit at the old version after the pass rewrote
 // the object, with no conflict for the pass. So the migration measures a
-// settle window from the moment it saw the switch (StartTime), and once the
+// settle window from the moment every API server had switched (StartTime,
+// plus the lag bound with several: lag.go), and once the
 // window is over it reads the resourceVersion of the moment (windowEnd) and
 // lists every object again (windowEnd is saved in the checkpoint, so a
 // resumed migration keeps it). resourceVersions of one resource are
@@ -68,8 +69,10 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	// Only a migration that may prune re-checks, and needs the record.
 	mg.recordWrites = target.CRD != nil && opts.Prune && !target.Partial()
 	if mg.progress().Phase == PhaseRewriting {
-		// No answer counts before every API server has switched (lag.go).
-		if err := sleepUntil(ctx, mg.switchedBy); err != nil {
+		// No answer counts before every API server has switched (lag.go);
+		// the report shows until when.
+		mg.report()
+		if err := sleepUntil(ctx, later(mg.switchedBy, mg.cp.StartTime.Add(informerLag))); err != nil {
 			return mg.result(), err
 		}
 		if err := mg.pass(ctx, false); err != nil {

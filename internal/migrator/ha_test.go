@@ -1,12 +1,15 @@
 package migrator_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/testenv"
@@ -57,7 +60,18 @@ func TestMigrateBehindLaggingAPIServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			m.LagBound = lagBound
-			target, err := m.Resolve(ctx, schema.GroupResource{Group: fx.Group, Resource: fx.Plural})
+			// The readiness gate waits while its discovery read reaches the
+			// lagging server, as the controller's would.
+			var target migrator.Target
+			err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+				var err error
+				target, err = m.Resolve(ctx, schema.GroupResource{Group: fx.Group, Resource: fx.Plural})
+				var waiting *migrator.WaitError
+				if errors.As(err, &waiting) {
+					return false, nil
+				}
+				return err == nil, err
+			})
 			if err != nil {
 				t.Fatal(err)
 			}

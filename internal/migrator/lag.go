@@ -31,7 +31,8 @@ import (
 // the bound, so nothing needs proving again after it; the cost is time, not
 // requests.
 //
-// A control plane of one API server pays only informerLag: Resolve counts
+// A control plane of one API server has no lag to wait for, and its first
+// pass starts informerLag after the gate, as it always did: Resolve counts
 // the API servers by their identity Leases in kube-system, and treats a count
 // it cannot read, or of none, as several. API servers that share a host name
 // share one identity Lease (kube-apiserver names it after a hash of the host
@@ -44,57 +45,47 @@ const (
 	// (well under a second), and within what a migration can wait, as it
 	// waits for the settle window anyway.
 	DefaultLagBound = 30 * time.Second
-	// informerLag is the wait on a control plane of one API server, where the
-	// server that answered the readiness gate is the one that answers every
-	// request: a margin for its informer and its handler to agree.
+	// informerLag is the least wait before a first pass: on a control plane
+	// of one API server, whose answer to the readiness gate is the one that
+	// counts, a margin for its informer and its handler to agree.
 	informerLag = time.Second
 	// identityLeaseLabel marks kube-apiserver's identity Leases in kube-system.
 	identityLeaseLabel = "apiserver.kubernetes.io/identity"
 )
 
-// lagWait is how long after Resolve saw the switch a migration of a CRD's
-// objects waits before its first pass, and how many API servers Resolve
+// lagWait is how long after Resolve saw the switch the last API server may
+// switch too (zero with one API server), and how many API servers Resolve
 // found (0 when it could not tell, with why).
-func (m *Migrator) lagWait(ctx context.Context) (wait time.Duration, servers int, unknown string) {
+//
+// A read that fails transiently is a *TransientError: treated as several
+// servers, it would refuse a checkpoint taken with the count of one and make
+// the pass start over each time it happens. Any other failure (RBAC) is
+// stable, and means several.
+func (m *Migrator) lagWait(ctx context.Context) (wait time.Duration, servers int, unknown string, err error) {
 	bound := m.LagBound
 	if bound <= 0 {
 		bound = DefaultLagBound
 	}
 	if m.AssumeSeveral {
-		return bound, 0, "the count of identity Leases is turned off (--assume-several-apiservers)"
+		return bound, 0, "the count of identity Leases is turned off (--assume-several-apiservers)", nil
 	}
-	servers, err := m.countAPIServers(ctx)
+	leases := &coordinationv1.LeaseList{}
+	err = m.Reader.List(ctx, leases, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{identityLeaseLabel: "kube-apiserver"})
 	switch {
+	case err != nil && classify(err) == transient:
+		return 0, 0, "", &TransientError{Err: fmt.Errorf("counting the API servers by their identity Leases in kube-system: %w", err)}
 	case err != nil:
 		klog.FromContext(ctx).V(1).Info("Could not count the API servers; assuming several", "error", Message(err))
-		return bound, 0, "their identity Leases in kube-system could not be read: " + Message(err)
-	case servers == 0:
-		return bound, 0, "kube-system holds no live identity Lease of an API server"
-	case servers == 1:
-		return informerLag, 1, ""
+		return bound, 0, "their identity Leases in kube-system could not be read: " + Message(err), nil
+	case len(leases.Items) == 0:
+		return bound, 0, "kube-system holds no identity Lease of an API server", nil
+	case len(leases.Items) == 1:
+		return 0, 1, "", nil
 	}
-	return bound, servers, ""
-}
-
-// countAPIServers counts the kube-apiserver identity Leases in kube-system
-// that are still held: each running API server renews its own.
-func (m *Migrator) countAPIServers(ctx context.Context) (int, error) {
-	leases := &coordinationv1.LeaseList{}
-	err := m.Reader.List(ctx, leases, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{identityLeaseLabel: "kube-apiserver"})
-	if err != nil {
-		return 0, err
-	}
-	now := time.Now()
-	n := 0
-	for _, l := range leases.Items {
-		if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-			continue
-		}
-		if l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second).After(now) {
-			n++
-		}
-	}
-	return n, nil
+	// Every Lease counts, expired or not: one that looks expired may be a
+	// live server's seen through a skewed clock, and a dead server's costs
+	// only the wait until kube-apiserver collects it.
+	return bound, len(leases.Items), "", nil
 }
 
 // LagMessage says why a migration of target waits until switchedBy before

@@ -394,9 +394,21 @@ func TestMigrateResumes(t *testing.T) {
 // TestMigrateAfterContinueTokenExpired: etcd is compacted after the first
 // page, so the next page's continue token answers 410 Expired. The list
 // goes on with the token the error offers and every object is rewritten.
+// The control plane is the test's own, with lists served from etcd: since
+// 1.34 a warm watch cache serves a continued list from its own snapshot,
+// which a compaction the API server did not make does not expire (the
+// package's control plane did so once the storage switch waited for a
+// canary write).
 func TestMigrateAfterContinueTokenExpired(t *testing.T) {
-	fx := switched(t, "expired.migrator.restow.dev", 400)
-	m, _ := newMigrator(t)
+	own := testenv.Start(t, testenv.Options{APIServerArgs: map[string]string{"feature-gates": "ListFromCacheSnapshot=false"}})
+	fx := testenv.Fixture{Env: own, Group: "expired.migrator.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	fx.CreateObjects(t, "v1beta1", 400, func(i int) map[string]any { return map[string]any{"n": int64(i)} }, "m-0", "m-1")
+	fx.SwitchStorage(t, "v1")
+	m, err := migrator.NewForConfig(own.Config, own.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
 	target := resolve(t, m, fx)
 	var compacted, expired atomic.Bool
 	// The engine logs the 410 at V(2): that is how the test knows it happened.
@@ -407,7 +419,7 @@ func TestMigrateAfterContinueTokenExpired(t *testing.T) {
 	}, funcr.Options{Verbosity: 2})
 	result, err := m.Migrate(klog.NewContext(t.Context(), log), target, migrator.Options{Concurrency: 1, PageSize: 50, Prune: true, SettleWindow: time.Second}, func(p migrator.Progress) {
 		if p.Listed > 0 && compacted.CompareAndSwap(false, true) {
-			if err := env.CompactEtcd(context.Background()); err != nil {
+			if err := own.CompactEtcd(context.Background()); err != nil {
 				t.Error(err)
 			}
 		}

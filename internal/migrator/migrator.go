@@ -149,9 +149,11 @@ type Target struct {
 	StorageVersion string
 	// CRD is set when the resource is served from a CustomResourceDefinition.
 	CRD *CRDState
-	// LagWait is how long after Resolve saw the switch the first pass waits,
-	// so that every API server stores at the target version (lag.go): the
-	// lag bound, or less with one API server; zero for built-in resources.
+	// LagWait is how long after Resolve saw the switch every API server
+	// stores at the target version (lag.go): the lag bound with several API
+	// servers or an unknown number; zero with one, and for built-in
+	// resources. The first pass waits for it, and the settle window counts
+	// from its end.
 	LagWait time.Duration
 	// APIServers is how many API servers Resolve counted for a CRD, or 0 when
 	// it could not tell (APIServersUnknown says why).
@@ -317,7 +319,10 @@ func (m *Migrator) resolveCRD(ctx context.Context, crd *apiextensionsv1.CustomRe
 	}
 	// One API server has switched; the others may follow up to the lag
 	// bound later.
-	lagWait, servers, unknown := m.lagWait(ctx)
+	lagWait, servers, unknown, err := m.lagWait(ctx)
+	if err != nil {
+		return Target{}, err
+	}
 	// List and patch through the storage version: it is served, and objects
 	// already stored at it need no conversion.
 	return Target{

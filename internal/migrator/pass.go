@@ -105,9 +105,10 @@ type Options struct {
 	ViaStatus bool
 	// RetryBackoff spaces retries of transient errors; zero means DefaultRetryBackoff.
 	RetryBackoff wait.Backoff
-	// SettleWindow is how long after the migration saw the storage switch a
-	// write that began on the old storage may still commit: the prune waits
-	// for it. Zero means DefaultSettleWindow; see docs/architecture.md.
+	// SettleWindow is how long after every API server switched (StartTime
+	// plus the target's LagWait) a write that began on the old storage may
+	// still commit: the prune waits for it. Zero means DefaultSettleWindow;
+	// see docs/architecture.md.
 	SettleWindow time.Duration
 	// Prune trims the CRD's status.storedVersions at the end.
 	Prune bool
@@ -127,9 +128,9 @@ type Checkpoint struct {
 	// StartTime is when the migration began, just after it saw the API
 	// server store at the target version.
 	StartTime time.Time
-	// LagWait is how long after StartTime the first pass began (lag.go): by
-	// then every API server stored at the target version. The settle window
-	// counts from StartTime + LagWait.
+	// LagWait is how long after StartTime the first pass waited for every
+	// API server to store at the target version (lag.go); zero with one API
+	// server. The settle window counts from StartTime + LagWait.
 	LagWait time.Duration
 	// TargetVersion, CRDUID and CRDGeneration bind the checkpoint to the
 	// CRD the migration began on.
@@ -287,6 +288,10 @@ func newMigration(m *Migrator, target Target, opts Options, observe Observer) *m
 func (m *Migrator) Rewrite(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
 	mg := newMigration(m, target, opts, observe)
 	if err := mg.checkViaStatus(); err != nil {
+		return mg.result(), err
+	}
+	// Its checkpoint says it waited for every API server: it does (lag.go).
+	if err := sleepUntil(ctx, mg.switchedBy); err != nil {
 		return mg.result(), err
 	}
 	err := mg.pass(ctx, false)
