@@ -16,6 +16,10 @@ import (
 	"github.com/restow/restow/internal/testenv"
 )
 
+// haObjects is the object count of each HA scenario: four scenarios, each
+// waiting the default lag bound of 30 s, on three API servers.
+const haObjects = 2000
+
 // TestLaggingAPIServer runs the manager binary, as users run it (the default
 // lag bound), against a control plane of three kube-apiservers on one etcd
 // behind a round-robin balancer, with GOAWAY sending connections from server
@@ -44,9 +48,15 @@ func TestLaggingAPIServer(t *testing.T) {
 		{name: "lag10s-ends", lag: 10 * time.Second, ends: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newScenario(t, "ha-"+tc.name, withEnv(ha))
-			s.startManager("manager")
-			s.startWriters(4)
+			s := newScenario(t, "ha-"+tc.name, withEnv(ha), withObjects(haObjects))
+			manager := s.startManager("manager")
+			// Started and leading before the lag: a lagging server slows
+			// every client whose watches it serves, a starting manager's
+			// cache sync too.
+			if err := manager.WaitLeader(t.Context(), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			s.startWriters(2)
 			ha.SetWatchLag(tc.lag)
 			t.Cleanup(func() { ha.SetWatchLag(0) })
 			s.switchStorage("v1")

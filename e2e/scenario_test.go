@@ -136,6 +136,11 @@ func withConversion(c *apiextensionsv1.CustomResourceConversion) scenarioOption 
 	return func(s *scenario) { s.conversion = c }
 }
 
+// withObjects makes the scenario's object count n instead of objectCount's.
+func withObjects(n int) scenarioOption {
+	return func(s *scenario) { s.n = n }
+}
+
 // withEnv runs the scenario on a control plane of the test's own, such as
 // several API servers.
 func withEnv(e *testenv.Env) scenarioOption {

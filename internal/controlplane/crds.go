@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientdiscovery "k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -73,12 +74,13 @@ func OpenObjectSchema() *apiextensionsv1.JSONSchemaProps {
 	}
 }
 
-// InstallCRD creates a CRD and waits until the API server serves it.
+// InstallCRD creates a CRD and waits until the API server, every one of
+// several, serves it.
 func (e *ControlPlane) InstallCRD(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) error {
 	if err := e.Client.Create(ctx, crd); err != nil {
 		return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
 	}
-	return e.WaitForCRD(ctx, crd.Name)
+	return e.waitForCRDEverywhere(ctx, crd.Name)
 }
 
 // UpdateCRD applies mutate to the live CRD, retrying on conflict, and waits
@@ -168,12 +170,27 @@ func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
 	})
 }
 
-// WaitForCRD waits until a CRD is established and the API server stores at
-// its current storage version, by the same gate a migration pass uses.
+// WaitForCRD waits until a CRD is established and the API server (the
+// first, of several) stores at its current storage version, by the same gate
+// a migration pass uses. With several API servers the others may lag
+// (SetWatchLag): a storage switch waits for the first only.
 func (e *ControlPlane) WaitForCRD(ctx context.Context, name string) error {
-	// The first API server's discovery: with several, the others may lag
-	// (SetWatchLag), and the caller means the one that does not.
-	disco, err := clientdiscovery.NewDiscoveryClientForConfig(e.environment.Config)
+	return e.waitForCRDOn(ctx, e.environment.Config, name)
+}
+
+// waitForCRDEverywhere waits for the CRD on every API server: a CRD just
+// installed, which clients through the balancer will use at once.
+func (e *ControlPlane) waitForCRDEverywhere(ctx context.Context, name string) error {
+	for i := range e.APIServers() {
+		if err := e.waitForCRDOn(ctx, e.ServerConfig(i), name); err != nil {
+			return fmt.Errorf("API server %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+func (e *ControlPlane) waitForCRDOn(ctx context.Context, cfg *rest.Config, name string) error {
+	disco, err := clientdiscovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return err
 	}
