@@ -299,35 +299,19 @@ func sequentialPut(ctx context.Context, c *clients, gvr schema.GroupVersionResou
 // patches from a bounded pool of workers, with no bookkeeping at all.
 func barePatchLoop(workers int) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 	return func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
-		ctx, cancel := context.WithCancelCause(ctx)
-		defer cancel(nil)
-		work := make(chan metav1.PartialObjectMetadata, workers)
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Go(func() {
-				for obj := range work {
-					if err := patchOne(ctx, c, gvr, obj); err != nil {
-						cancel(err)
+		list := func(ctx context.Context, send func(metav1.PartialObjectMetadata) error) error {
+			return eachMetadataPage(ctx, c, gvr, func(items []metav1.PartialObjectMetadata) error {
+				for _, obj := range items {
+					if err := send(obj); err != nil {
+						return err
 					}
 				}
+				return nil
 			})
 		}
-		err := eachMetadataPage(ctx, c, gvr, func(items []metav1.PartialObjectMetadata) error {
-			for _, obj := range items {
-				select {
-				case work <- obj:
-				case <-ctx.Done():
-					return context.Cause(ctx)
-				}
-			}
-			return nil
+		return workerPool(ctx, workers, list, func(ctx context.Context, obj metav1.PartialObjectMetadata) error {
+			return patchOne(ctx, c, gvr, obj)
 		})
-		close(work)
-		wg.Wait()
-		if err != nil {
-			return err
-		}
-		return context.Cause(ctx)
 	}
 }
 
@@ -337,21 +321,7 @@ func barePatchLoop(workers int) func(ctx context.Context, c *clients, gvr schema
 // deletion means someone else wrote the object.
 func bareUpdateLoop(workers int) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 	return func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
-		ctx, cancel := context.WithCancelCause(ctx)
-		defer cancel(nil)
-		work := make(chan *unstructured.Unstructured, workers)
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Go(func() {
-				for obj := range work {
-					_, err := c.dynamic.Resource(gvr).Namespace(obj.GetNamespace()).Update(ctx, obj, metav1.UpdateOptions{})
-					if err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
-						cancel(err)
-					}
-				}
-			})
-		}
-		err := func() error {
+		list := func(ctx context.Context, send func(*unstructured.Unstructured) error) error {
 			token := ""
 			for {
 				list, err := c.dynamic.Resource(gvr).List(ctx, metav1.ListOptions{Limit: migrator.DefaultPageSize, Continue: token})
@@ -359,24 +329,55 @@ func bareUpdateLoop(workers int) func(ctx context.Context, c *clients, gvr schem
 					return err
 				}
 				for i := range list.Items {
-					select {
-					case work <- &list.Items[i]:
-					case <-ctx.Done():
-						return context.Cause(ctx)
+					if err := send(&list.Items[i]); err != nil {
+						return err
 					}
 				}
 				if token = list.GetContinue(); token == "" {
 					return nil
 				}
 			}
-		}()
-		close(work)
-		wg.Wait()
-		if err != nil {
-			return err
 		}
-		return context.Cause(ctx)
+		return workerPool(ctx, workers, list, func(ctx context.Context, obj *unstructured.Unstructured) error {
+			_, err := c.dynamic.Resource(gvr).Namespace(obj.GetNamespace()).Update(ctx, obj, metav1.UpdateOptions{})
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		})
 	}
+}
+
+// workerPool hands every item list sends to one of workers goroutines, which
+// write it, and stops at the first error of either.
+func workerPool[T any](ctx context.Context, workers int, list func(ctx context.Context, send func(T) error) error, write func(ctx context.Context, item T) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	work := make(chan T, workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for item := range work {
+				if err := write(ctx, item); err != nil {
+					cancel(err)
+				}
+			}
+		})
+	}
+	err := list(ctx, func(item T) error {
+		select {
+		case work <- item:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	})
+	close(work)
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	return context.Cause(ctx)
 }
 
 // BenchmarkCompare times restow's pass against the baselines on the same API
