@@ -319,7 +319,7 @@ type writers struct {
 // never used before, with no resourceVersion precondition, as a careless
 // client would. A write whose outcome is unknown (an error) is repeated
 // with a new value until it is confirmed.
-func (s *scenario) startWriters(k int) *writers {
+func (s *scenario) startWriters(k int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &writers{s: s, stop: cancel, last: map[int]string{}, gone: map[int]bool{}}
 	s.writers = w
@@ -344,7 +344,6 @@ func (s *scenario) startWriters(k int) *writers {
 		})
 	}
 	s.t.Cleanup(w.finish)
-	return w
 }
 
 func (w *writers) update(ctx context.Context, i int, value string) {

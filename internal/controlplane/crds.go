@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -133,15 +134,16 @@ func (e *ControlPlane) waitStoresAt(ctx context.Context, name, version string) e
 		canary.SetNamespace(metav1.NamespaceDefault)
 	}
 	var stored string
+	var refused error
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, crdReadyTimeout, true, func(ctx context.Context) (bool, error) {
 		obj := canary.DeepCopy()
 		obj.SetName(fmt.Sprintf("restow-canary-%d", time.Now().UnixNano()))
-		err := e.first.Create(ctx, obj)
-		switch {
-		case apierrors.IsInvalid(err), apierrors.IsForbidden(err), apierrors.IsBadRequest(err):
+		refused = e.first.Create(ctx, obj)
+		switch again, never := canaryRefused(refused); {
+		case never:
 			stored = canary.GetAPIVersion()
 			return true, nil
-		case err != nil:
+		case again:
 			return false, nil
 		}
 		read, err := e.ReadStored(ctx, crd.Spec.Group, crd.Spec.Names.Plural, obj.GetNamespace(), obj.GetName())
@@ -152,7 +154,7 @@ func (e *ControlPlane) waitStoresAt(ctx context.Context, name, version string) e
 		return err == nil && stored == canary.GetAPIVersion(), nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for the API server to store CRD %s's objects at %s (a canary was stored at %q): %w", name, version, stored, err)
+		return fmt.Errorf("waiting for the API server to store CRD %s's objects at %s (a canary was stored at %q): %w", name, version, stored, errors.Join(err, refused))
 	}
 	return nil
 }
@@ -168,6 +170,16 @@ func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
 		err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd)
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	})
+}
+
+// canaryRefused says whether a canary's create failed for a moment (not
+// served yet, a restart: try again) or for good (the CRD's schema or
+// admission refuses an empty object).
+func canaryRefused(err error) (again, never bool) {
+	if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) {
+		return false, true
+	}
+	return err != nil, false
 }
 
 // WaitForCRD waits until a CRD is established and the API server (the

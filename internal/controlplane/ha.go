@@ -203,7 +203,7 @@ func waitReady(ctx context.Context, cfg *rest.Config, serverURL string) error {
 		return last == nil && string(body) == "ok", nil
 	})
 	if err != nil {
-		return fmt.Errorf("not ready: %w (last answer: %v)", err, last)
+		return fmt.Errorf("not ready: %w", errors.Join(err, last))
 	}
 	return nil
 }
