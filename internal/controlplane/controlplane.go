@@ -2,8 +2,10 @@
 // kube-apiserver built from source by the Makefile (KUBEBUILDER_ASSETS), on
 // loopback. It installs and switches CRDs, creates objects in bulk, and reads
 // etcd directly, which is the only honest proof of a storage version: an API
-// read shows the version it was asked for, converted. make demo runs on it,
-// and internal/testenv builds the tests' control plane on it.
+// read shows the version it was asked for, converted. It can run several
+// kube-apiservers on the one etcd behind a balancer, one of them lagging
+// (ha.go). make demo runs on it, and internal/testenv builds the tests'
+// control plane on it.
 package controlplane
 
 import (

@@ -1,6 +1,6 @@
 // Package testenv is the tests' control plane: internal/controlplane
-// started once per package from TestMain, with what tests need on top of
-// it: the CRD fixture and its proof from etcd (Fixture), TLS conversion and
+// started once per package from TestMain (or for one test, Start: several
+// API servers, one lagging), with what tests need on top of it: the CRD fixture and its proof from etcd (Fixture), TLS conversion and
 // admission webhooks, an admission policy that freezes an object, and an
 // observer that fails a test whose storedVersions was pruned early.
 package testenv
