@@ -276,6 +276,14 @@ func sequentialPatch(ctx context.Context, c *clients, gvr schema.GroupVersionRes
 // sequentialPut is how kube-storage-version-migrator works: a list of full
 // objects, then a PUT of each, unchanged, one after another.
 func sequentialPut(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
+	return eachWholeObject(ctx, c, gvr, func(obj *unstructured.Unstructured) error {
+		return updateOne(ctx, c, gvr, obj)
+	})
+}
+
+// eachWholeObject lists the resource whole in pages of 500 and calls fn on
+// each object.
+func eachWholeObject(ctx context.Context, c *clients, gvr schema.GroupVersionResource, fn func(*unstructured.Unstructured) error) error {
 	token := ""
 	for {
 		list, err := c.dynamic.Resource(gvr).List(ctx, metav1.ListOptions{Limit: migrator.DefaultPageSize, Continue: token})
@@ -283,9 +291,7 @@ func sequentialPut(ctx context.Context, c *clients, gvr schema.GroupVersionResou
 			return err
 		}
 		for i := range list.Items {
-			obj := &list.Items[i]
-			_, err := c.dynamic.Resource(gvr).Namespace(obj.GetNamespace()).Update(ctx, obj, metav1.UpdateOptions{})
-			if err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			if err := fn(&list.Items[i]); err != nil {
 				return err
 			}
 		}
@@ -293,6 +299,16 @@ func sequentialPut(ctx context.Context, c *clients, gvr schema.GroupVersionResou
 			return nil
 		}
 	}
+}
+
+// updateOne writes obj back as listed; a conflict or a deletion means
+// someone else wrote it.
+func updateOne(ctx context.Context, c *clients, gvr schema.GroupVersionResource, obj *unstructured.Unstructured) error {
+	_, err := c.dynamic.Resource(gvr).Namespace(obj.GetNamespace()).Update(ctx, obj, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
 }
 
 // barePatchLoop is the practical limit of the API server: the same no-op
@@ -322,28 +338,10 @@ func barePatchLoop(workers int) func(ctx context.Context, c *clients, gvr schema
 func bareUpdateLoop(workers int) func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 	return func(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 		list := func(ctx context.Context, send func(*unstructured.Unstructured) error) error {
-			token := ""
-			for {
-				list, err := c.dynamic.Resource(gvr).List(ctx, metav1.ListOptions{Limit: migrator.DefaultPageSize, Continue: token})
-				if err != nil {
-					return err
-				}
-				for i := range list.Items {
-					if err := send(&list.Items[i]); err != nil {
-						return err
-					}
-				}
-				if token = list.GetContinue(); token == "" {
-					return nil
-				}
-			}
+			return eachWholeObject(ctx, c, gvr, send)
 		}
 		return workerPool(ctx, workers, list, func(ctx context.Context, obj *unstructured.Unstructured) error {
-			_, err := c.dynamic.Resource(gvr).Namespace(obj.GetNamespace()).Update(ctx, obj, metav1.UpdateOptions{})
-			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-				return nil
-			}
-			return err
+			return updateOne(ctx, c, gvr, obj)
 		})
 	}
 }
