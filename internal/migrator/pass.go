@@ -581,15 +581,19 @@ func (mg *migration) list(ctx context.Context, token string, whole bool, pages c
 		}
 		var list *metav1.PartialObjectMetadataList
 		var bodies []json.RawMessage
+		// A body's age counts from when its list was sent: the API server
+		// decoded it with the CRD as it was then.
+		var listed time.Time
 		err := mg.retryTransient(ctx, func() error {
 			var err error
+			listed = time.Now()
 			list, bodies, err = mg.listPage(ctx, token, limit, whole)
 			return err
 		})
 		if err != nil {
 			return mg.passError("listing", err)
 		}
-		pg := page{items: list.Items, bodies: bodies, listed: time.Now(), next: list.Continue, remaining: list.RemainingItemCount, resourceVersion: list.ResourceVersion}
+		pg := page{items: list.Items, bodies: bodies, listed: listed, next: list.Continue, remaining: list.RemainingItemCount, resourceVersion: list.ResourceVersion}
 		if bodies != nil {
 			wholeLimit = nextWholeLimit(mg.opts.PageSize, wholeLimit, bodies)
 			mg.holdBodies(ctx, &pg)

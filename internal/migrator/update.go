@@ -3,6 +3,7 @@ package migrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -157,17 +158,33 @@ func nextWholeLimit(pageSize, limit int64, bodies []json.RawMessage) int64 {
 	return max(1, min(pageSize, 2*limit, int64(wholePageBytes)/int64(largest)))
 }
 
+// errBodyStale says a listed body got too old to be written back while its
+// write waited for a slot: the object is patched instead.
+var errBodyStale = errors.New("the listed body is older than maxBodyAge")
+
 // update writes obj back as listed, body being the API server's own encoding
 // of it at the resourceVersion read, and reports, as patch does, whether the
 // API server wrote. The body is the API server's own output, pruned on read,
 // so field validation has nothing to find: it is skipped, and the API server
 // validates the values as for any write.
-func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetadata, body json.RawMessage) (bool, error) {
+//
+// The body's age is checked once the request has its slot, just before it is
+// sent: the wait for a slot (behind the pace, and behind a Retry-After) can
+// take longer than maxBodyAge, and a CRD schema change within it would store
+// a body pruned by the old schema (errBodyStale). For the same reason client-go
+// never sends the body again by itself after a 429: the answer comes back
+// here, and the next attempt checks the age again.
+func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetadata, body json.RawMessage, listed time.Time) (bool, error) {
 	if err := mg.pace.acquire(ctx); err != nil {
 		return false, err
 	}
+	if time.Since(listed) >= maxBodyAge {
+		mg.pace.cancel()
+		return false, errBodyStale
+	}
 	start := mg.pace.now()
 	data, err := answer(mg.request(mg.m.Objects.Put(), obj.Namespace, obj.Name).
+		MaxRetries(0).
 		Param("fieldValidation", metav1.FieldValidationIgnore).
 		SetHeader("Content-Type", "application/json").
 		SetHeader("Accept", metadataAccept).
@@ -189,18 +206,21 @@ func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetada
 	return written.ResourceVersion != obj.ResourceVersion, nil
 }
 
-// write rewrites obj: as listed when body holds it, listed less than
-// maxBodyAge ago, and may be written back as is; else with the merge patch,
+// write rewrites obj: as listed when body holds it, was listed less than
+// maxBodyAge before the write is sent, and may be written back as is; else
+// with the merge patch,
 // which answers for itself. A 403 to the update (no update permission, or an
 // admission webhook denying it) sends this object and the rest of the
 // migration to the merge patch, which needs only patch permission; a 422 or
 // 413 (a body the API server refuses, which it may accept as a patch of the
 // object as it is now) sends this object.
 func (mg *migration) write(ctx context.Context, obj *metav1.PartialObjectMetadata, body json.RawMessage, listed time.Time) (bool, error) {
-	if body != nil && mg.writesWhole() && time.Since(listed) < maxBodyAge {
+	if body != nil && mg.writesWhole() {
 		if _, stale, err := mg.repointedManagedFields(obj); err == nil && !stale {
-			wrote, err := mg.update(ctx, obj, body)
+			wrote, err := mg.update(ctx, obj, body, listed)
 			switch {
+			case errors.Is(err, errBodyStale):
+				klog.FromContext(ctx).V(4).Info("The listed body got too old while its write waited; patching the object", "object", klog.KObj(obj))
 			case apierrors.IsForbidden(err):
 				if !mg.updateRefused.Swap(true) {
 					klog.FromContext(ctx).Info("The API server refused to update an object as listed; rewriting with merge patches from now on", "object", klog.KObj(obj), "error", Message(err))
