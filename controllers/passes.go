@@ -52,8 +52,10 @@ type passes struct {
 	wake       chan event.GenericEvent
 
 	// waiting backs off while the API server does not store at the new
-	// version yet; stalled backs off between passes that ended Stalled.
-	waiting, stalled workqueue.TypedRateLimiter[string]
+	// version yet; stalled backs off between passes that ended Stalled;
+	// refused backs off while the API server refuses to store a pass's end
+	// in status.
+	waiting, stalled, refused workqueue.TypedRateLimiter[string]
 }
 
 func newPasses(stalledBase, stalledMax time.Duration) *passes {
@@ -62,6 +64,7 @@ func newPasses(stalledBase, stalledMax time.Duration) *passes {
 		wake:    make(chan event.GenericEvent, 64),
 		waiting: workqueue.NewTypedItemExponentialFailureRateLimiter[string](waitForStorageVersionBase, waitForStorageVersionMax),
 		stalled: workqueue.NewTypedItemExponentialFailureRateLimiter[string](stalledBase, stalledMax),
+		refused: workqueue.NewTypedItemExponentialFailureRateLimiter[string](stalledBase, stalledMax),
 	}
 }
 
@@ -150,4 +153,5 @@ func (ps *passes) stop(name string) {
 	ps.mu.Unlock()
 	ps.stalled.Forget(name)
 	ps.waiting.Forget(name)
+	ps.refused.Forget(name)
 }

@@ -137,7 +137,7 @@ func (r *StorageMigrationReconciler) migrationsForCRD(ctx context.Context, crd c
 }
 
 // Reconcile reads the StorageMigration live, decides, and patches status once.
-func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	sm := &migrationv1alpha1.StorageMigration{}
 	if err := r.APIReader.Get(ctx, req.NamespacedName, sm); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -154,7 +154,16 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 		if equality.Semantic.DeepEqual(original.Status, sm.Status) {
 			return
 		}
-		if err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(original)); err != nil {
+		err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(original))
+		switch {
+		case statusRefused(err):
+			err = r.recordStatusRefused(ctx, sm, original, err)
+			res = ctrl.Result{RequeueAfter: r.passes.refused.When(sm.Name)}
+		case err == nil && !equality.Semantic.DeepEqual(original.Status.LastPass, sm.Status.LastPass):
+			// A pass's end is recorded: a refusal before it is over.
+			r.passes.refused.Forget(sm.Name)
+		}
+		if err != nil {
 			retErr = errors.Join(retErr, client.IgnoreNotFound(err))
 		}
 	}()
@@ -170,6 +179,40 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	setConditions(&sm.Status, out, sm.Generation)
 	sm.Status.ProgressSummary = progressSummary(&sm.Status)
 	return ctrl.Result{RequeueAfter: requeueAfter}, nil
+}
+
+// statusRefused reports whether the API server refused a status write for
+// good: any 4xx but a conflict (the object changed: the next reconcile reads
+// it anew), a missing object and a 429.
+func statusRefused(err error) bool {
+	var status apierrors.APIStatus
+	if err == nil || !errors.As(err, &status) || apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsTooManyRequests(err) {
+		return false
+	}
+	code := status.Status().Code
+	return code >= 400 && code < 500
+}
+
+// recordStatusRefused writes, in place of a status the API server refused,
+// the status the StorageMigration had with Stalled/StatusRefused and the
+// API server's answer, and logs and records it. The reconcile is retried
+// with a backoff of its own, as long as the stalled one: a pass that cannot
+// record its end would otherwise be started again at once, and again. A pass under way goes on
+// (its own checks guard any prune); its end is recorded, or refused, as
+// any status.
+func (r *StorageMigrationReconciler) recordStatusRefused(ctx context.Context, sm, original *migrationv1alpha1.StorageMigration, refusal error) error {
+	msg := fmt.Sprintf("The API server refused this StorageMigration's status, so passes cannot record their progress; tried again with backoff: %s", migrator.MessageUpTo(refusal, 1024))
+	ctrl.LoggerFrom(ctx).Error(errors.New(migrator.Message(refusal)), "The API server refused a status write; the migration is Stalled until it accepts one", "reason", apierrors.ReasonForError(refusal))
+	fallback := original.DeepCopy()
+	setConditions(&fallback.Status, stalled(migrationv1alpha1.StatusRefusedReason, msg), sm.Generation)
+	fallback.Status.ProgressSummary = progressSummary(&fallback.Status)
+	if c := meta.FindStatusCondition(original.Status.Conditions, migrationv1alpha1.StalledCondition); c == nil || c.Reason != migrationv1alpha1.StatusRefusedReason {
+		r.Recorder.Eventf(sm, nil, corev1.EventTypeWarning, migrationv1alpha1.StatusRefusedReason, "Migrate", "%s", msg)
+	}
+	if equality.Semantic.DeepEqual(original.Status, fallback.Status) {
+		return nil
+	}
+	return r.Client.Status().Patch(ctx, fallback, client.MergeFrom(original))
 }
 
 // announceTransition records an event when the Ready condition's reason
@@ -247,7 +290,7 @@ func (r *StorageMigrationReconciler) record(ctx context.Context, sm *migrationv1
 	case nextRestart:
 		return restartDelay
 	case nextResume:
-		ctrl.LoggerFrom(ctx).Info("Pass paused by a transient error, resuming later", "error", state.err.Error())
+		ctrl.LoggerFrom(ctx).Info("Pass paused by a transient error, resuming later", "error", migrator.Message(state.err))
 		return transientRetryDelay
 	case nextStalled:
 		return r.passes.stalled.When(sm.Name)

@@ -50,6 +50,12 @@ const (
 	// UnsupportedReason (Stalled=True, Ready=False): the resource cannot be
 	// listed or patched, or does not exist.
 	UnsupportedReason = "Unsupported"
+
+	// StatusRefusedReason (Stalled=True, Ready=False): the API server refused
+	// to store the status a pass wrote (an admission policy or webhook on
+	// StorageMigrations, a status that does not validate); the pass cannot
+	// record its progress, so it is retried with backoff.
+	StatusRefusedReason = "StatusRefused"
 )
 
 // ReadyAt reports whether sm is Ready for its current spec (observed at its

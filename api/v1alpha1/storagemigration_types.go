@@ -290,11 +290,16 @@ type FailedObject struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +required
 	Name string `json:"name"`
-	// reason is a short, CamelCase reason, such as Forbidden or Invalid.
+	// reason is a short, CamelCase reason, such as Forbidden or Invalid: the
+	// API server's, or, when a webhook answered a longer text, the one of
+	// the answer's HTTP code.
 	// +kubebuilder:validation:MaxLength=64
 	// +required
 	Reason string `json:"reason"`
-	// message is a short human-readable explanation, never object contents.
+	// message is the API server's answer, cut to 300 bytes. The values
+	// that field errors quote ("Invalid value: ...") are withheld, so it
+	// holds no object contents of the API server's making; an admission
+	// webhook's or policy's own words are kept as they are.
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	Message string `json:"message,omitempty"`

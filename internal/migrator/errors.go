@@ -1,10 +1,15 @@
 package migrator
 
 import (
+	"encoding/json"
 	"errors"
+	"regexp"
+	"strconv"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // outcome is what one object's rewrite came to.
@@ -68,31 +73,110 @@ func classify(err error) outcome {
 	return transient
 }
 
+// maxReasonLength is what status.failedObjects[].reason holds.
+const maxReasonLength = 64
+
+// reasonPattern is a CamelCase reason such as Forbidden, as the API server
+// and well-behaved webhooks set Status.Reason.
+var reasonPattern = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]*$`)
+
 // reasonFor is a short CamelCase reason for a permanent failure, for
-// status.failedObjects.
+// status.failedObjects. A webhook may put a whole sentence into its
+// Status.Reason (webhooks built on older controller-runtime, Gatekeeper):
+// then the reason is the one of the answer's HTTP code, such as Invalid for
+// 422 (the sentence is in the message already), so status can always hold
+// it.
 func reasonFor(err error) string {
-	if reason := apierrors.ReasonForError(err); reason != metav1.StatusReasonUnknown && reason != "" {
-		return string(reason)
+	reason := string(apierrors.ReasonForError(err))
+	if reasonPattern.MatchString(reason) && len(reason) <= maxReasonLength && reason != string(metav1.StatusReasonUnknown) {
+		return reason
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		code := int(status.Status().Code)
+		if byCode := apierrors.NewGenericServerResponse(code, "", schema.GroupResource{}, "", "", 0, false).ErrStatus.Reason; byCode != metav1.StatusReasonUnknown && byCode != "" {
+			return string(byCode)
+		}
 	}
 	return "Failed"
 }
 
+// maxMessageLength bounds a message in a condition or
+// status.failedObjects (which holds 512 bytes).
+const maxMessageLength = 300
+
 // Message is the API server's message for err, cut to fit a condition or
-// status.failedObjects. It never
-// carries object contents: the API server's messages name fields, not values
-// of secret data, and the operator reads no contents but a CRD's objects,
-// only to send them back unchanged (update.go).
+// status.failedObjects, with the values of the fields it names withheld.
+// The API server's field errors quote the value they refuse ("spec.password:
+// Invalid value: \"...\": ..."), and status, events and logs must never hold
+// object contents. A webhook's or an admission policy's own words are kept
+// as they are otherwise: they come from the cluster's admins, who choose
+// what their messages say.
 func Message(err error) string {
+	return MessageUpTo(err, maxMessageLength)
+}
+
+// MessageUpTo is Message cut at limit bytes rather than 300: for a
+// condition's message, which may be longer than status.failedObjects holds.
+func MessageUpTo(err error, limit int) string {
 	msg := err.Error()
 	var status apierrors.APIStatus
 	if errors.As(err, &status) && status.Status().Message != "" {
 		msg = status.Status().Message
 	}
-	const maxLen = 300
-	if len(msg) > maxLen {
-		msg = msg[:maxLen-3] + "..."
+	msg = withholdValues(msg)
+	if len(msg) > limit {
+		msg = strings.ToValidUTF8(msg[:limit-3], "") + "..."
 	}
 	return msg
+}
+
+// valueMarkers start a rejected value in a field error's text (the API
+// server's field.Error.ErrorBody). The counts after "Too many" and "Too
+// few" are no contents.
+var valueMarkers = []string{"Invalid value: ", "Unsupported value: ", "Duplicate value: ", "Not found: "}
+
+// withheld stands in for a value withheld from a message.
+const withheld = "(value withheld)"
+
+// withholdValues replaces the values of field errors in msg with withheld,
+// keeping the field and the detail.
+func withholdValues(msg string) string {
+	var b strings.Builder
+	for {
+		at, marker := -1, ""
+		for _, m := range valueMarkers {
+			if i := strings.Index(msg, m); i >= 0 && (at < 0 || i < at) {
+				at, marker = i, m
+			}
+		}
+		if at < 0 {
+			b.WriteString(msg)
+			return b.String()
+		}
+		b.WriteString(msg[:at+len(marker)])
+		b.WriteString(withheld)
+		msg = afterValue(msg[at+len(marker):])
+	}
+}
+
+// afterValue is what follows the value that s starts with: a string
+// quoted as Go quotes it, or a JSON value (number, bool, null, object,
+// array), as field.Error prints them. Anything else is withheld up to the
+// detail that follows it (": ..."), or to the end.
+func afterValue(s string) string {
+	if quoted, err := strconv.QuotedPrefix(s); err == nil {
+		return s[len(quoted):]
+	}
+	dec := json.NewDecoder(strings.NewReader(s))
+	var v any
+	if err := dec.Decode(&v); err == nil {
+		return s[dec.InputOffset():]
+	}
+	if i := strings.Index(s, ": "); i >= 0 {
+		return s[i:]
+	}
+	return ""
 }
 
 // TransientError means the pass could not go on for a cause that passes (an

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"syscall"
@@ -92,5 +94,64 @@ func TestPassErrorListNotFoundStalls(t *testing.T) {
 	var transient *TransientError
 	if !errors.As(err, &transient) {
 		t.Fatalf("passError(409) = %#v, want transient", err)
+	}
+}
+
+// TestReasonForFitsStatus: a reason longer than status.failedObjects holds,
+// or not a CamelCase word (a webhook's whole sentence), becomes the reason of
+// the answer's HTTP code.
+func TestReasonForFitsStatus(t *testing.T) {
+	sentence := metav1.StatusReason(strings.Repeat("the object was refused by policy ", 10))
+	for _, tc := range []struct {
+		code   int32
+		reason metav1.StatusReason
+		want   string
+	}{
+		{http.StatusForbidden, metav1.StatusReasonForbidden, "Forbidden"},
+		{http.StatusUnprocessableEntity, sentence, "Invalid"},
+		{http.StatusForbidden, sentence, "Forbidden"},
+		{http.StatusBadRequest, "Denied by policy", "BadRequest"},
+		{http.StatusConflict, metav1.StatusReason(strings.Repeat("A", 65)), "Conflict"},
+		{418, sentence, "Failed"},
+	} {
+		err := &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: tc.code, Reason: tc.reason, Message: "m"}}
+		if got := reasonFor(err); got != tc.want {
+			t.Errorf("reasonFor(%d, %.20q...) = %q, want %q", tc.code, tc.reason, got, tc.want)
+		}
+	}
+}
+
+// TestMessageWithholdsValues: the values the API server's field errors
+// quote are withheld; fields, details and other words are kept.
+func TestMessageWithholdsValues(t *testing.T) {
+	gk := schema.GroupKind{Group: "example.com", Kind: "Widget"}
+	invalid := apierrors.NewInvalid(gk, "w-1", field.ErrorList{
+		field.Invalid(field.NewPath("spec", "password"), "hunter2: with \"quotes\"", "must be at most 4 characters"),
+		field.NotSupported(field.NewPath("spec", "mode"), "s3cr3t-mode", []string{"a", "b"}),
+		field.Invalid(field.NewPath("spec", "config"), map[string]any{"token": "t0ken: x"}, "must be empty"),
+		field.Invalid(field.NewPath("spec", "port"), int64(31337), "out of range"),
+		field.Duplicate(field.NewPath("spec", "keys").Index(1), "dup-key"),
+		field.Required(field.NewPath("spec", "name"), "a name is needed"),
+	})
+	// Message cuts at 300 bytes; withholdValues is the whole of it.
+	got := withholdValues(invalid.ErrStatus.Message)
+	if len(Message(invalid)) > 300 {
+		t.Errorf("Message returned %d bytes", len(Message(invalid)))
+	}
+	for _, secret := range []string{"hunter2", "s3cr3t", "t0ken", "31337", "dup-key"} {
+		if strings.Contains(got, secret) {
+			t.Errorf("Message kept the value %q: %s", secret, got)
+		}
+	}
+	for _, kept := range []string{`Widget.example.com "w-1" is invalid`, "spec.password: Invalid value: (value withheld): must be at most 4 characters",
+		"spec.mode: Unsupported value: (value withheld)", "spec.config: Invalid value: (value withheld): must be empty",
+		"spec.port: Invalid value: (value withheld): out of range", "spec.name: Required value: a name is needed"} {
+		if !strings.Contains(got, kept) {
+			t.Errorf("Message lost %q: %s", kept, got)
+		}
+	}
+	plain := apierrors.NewForbidden(schema.GroupResource{Resource: "widgets"}, "w-1", errors.New("denied by the test"))
+	if got, want := Message(plain), plain.ErrStatus.Message; got != want {
+		t.Errorf("Message(%q) = %q, want it unchanged", want, got)
 	}
 }

@@ -647,7 +647,25 @@ type listFunc func(token string) (*metav1.PartialObjectMetadataList, []json.RawM
 func listMetadata(ctx context.Context, resource metadata.ResourceInterface, limit int64) listFunc {
 	return func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
 		list, err := resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
+		if err == nil {
+			metadataOnly(list.Items)
+		}
 		return list, nil, err
+	}
+}
+
+// metadataOnly keeps of listed objects only what a rewrite uses: name,
+// namespace, UID, resourceVersion and managedFields. Annotations and labels
+// are dropped as soon as they are decoded: the annotation
+// kubectl.kubernetes.io/last-applied-configuration holds an object's whole
+// contents (a Secret's data, when it was applied with kubectl), and a
+// metadata-only list still carries it.
+func metadataOnly(items []metav1.PartialObjectMetadata) {
+	for i := range items {
+		m := &items[i].ObjectMeta
+		items[i] = metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{
+			Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion, ManagedFields: m.ManagedFields,
+		}}
 	}
 }
 
@@ -791,6 +809,7 @@ func (mg *migration) lookup(ctx context.Context, obj *metav1.PartialObjectMetada
 	case err != nil:
 		return nil, err
 	}
+	metadataOnly(list.Items)
 	for i := range list.Items {
 		if list.Items[i].Name == obj.Name {
 			return &list.Items[i], nil

@@ -106,6 +106,7 @@ func (mg *migration) listWhole(ctx context.Context, token string, limit int64) (
 			return nil, nil, fmt.Errorf("decoding a list of %s: %w", mg.target.Resource.GroupResource(), err)
 		}
 	}
+	metadataOnly(list.Items)
 	return list, raw.Items, nil
 }
 

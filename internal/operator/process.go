@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -246,24 +247,34 @@ func (p *Process) PeakRSS() (uint64, error) {
 // Metric sums every sample of the named counter or gauge on the manager's
 // metrics endpoint whose labels include match.
 func (p *Process) Metric(ctx context.Context, name string, match map[string]string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.MetricsURL, nil)
+	text, err := p.MetricsText(ctx)
 	if err != nil {
 		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s: %s", p.MetricsURL, resp.Status)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
 	if err != nil {
 		return 0, err
 	}
 	return SumSamples(families[name], match), nil
+}
+
+// MetricsText is the manager's whole metrics endpoint, as scraped.
+func (p *Process) MetricsText(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.MetricsURL, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", p.MetricsURL, resp.Status)
+	}
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
 }
 
 // freePorts finds n distinct free TCP ports on loopback.

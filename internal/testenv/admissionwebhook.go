@@ -75,10 +75,14 @@ func StartAdmissionWebhook(t testing.TB, decide AdmissionFunc) *AdmissionWebhook
 func (w *AdmissionWebhook) Register(t testing.TB, e *Env, group, resource string, selector map[string]string, probe client.Object) {
 	t.Helper()
 	ctx := t.Context()
+	name := resource + "." + group
+	if group == "" {
+		name = resource + ".core"
+	}
 	config := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "hold-" + resource + "." + group},
+		ObjectMeta: metav1.ObjectMeta{Name: "hold-" + name},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "hold." + resource + "." + group,
+			Name:                    "hold." + name,
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To(w.url + "/validate"), CABundle: w.caBundle},
 			AdmissionReviewVersions: []string{"v1"},
 			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),

@@ -1,0 +1,279 @@
+package controllers_test
+
+// Bad input the API server or a cluster's admission hands back: a webhook's
+// sentence where a reason belongs, a status the API server refuses, and
+// answers that quote what they refuse. Each must end in a state a user can
+// read, never in a loop, and never carry object contents out.
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/operator"
+	"github.com/restow/restow/internal/testenv"
+)
+
+// passesOf is how many passes of resource have ended, by the manager's metric.
+func passesOf(t *testing.T, resource string) float64 {
+	t.Helper()
+	return metricValue(t, "restow_passes_total", map[string]string{"resource": resource})
+}
+
+// assertNoLoop checks that within window, no more than most passes of
+// resource end: a migration that cannot record its end must not be started
+// again at once, and again.
+func assertNoLoop(t *testing.T, resource string, window time.Duration, most float64) {
+	t.Helper()
+	before := passesOf(t, resource)
+	time.Sleep(window)
+	if n := passesOf(t, resource) - before; n > most {
+		t.Errorf("%v passes of %s ended within %s, want at most %v: the migration loops", n, resource, window, most)
+	}
+}
+
+// TestWebhookSentenceAsReasonStalls: a validating webhook refuses two
+// objects with a 300-character Status.Reason (as webhooks built on older
+// controller-runtime and Gatekeeper do), one with 422 and one with 403.
+// status.failedObjects holds at most 64 characters of reason, so the
+// migration must end Stalled naming both with the reason of the HTTP code,
+// its last pass recorded, and no pass started again and again (with the
+// reason copied as it came and no fallback for a refused status, it stayed
+// Progressing, resuming again and again, and never named them: tried).
+func TestWebhookSentenceAsReasonStalls(t *testing.T) {
+	f := fixture{group: "sentence.controllers.restow.dev", kind: "Flange", plural: "flanges", namespaced: true}
+	f.install(t, "v1beta1", "v1")
+	keys := f.createObjects(t, 300, "sentence")
+	sentence := metav1.StatusReason(strings.Repeat("this object may not change ", 12)[:300])
+	refusals := map[string]int32{"obj-00007": http.StatusUnprocessableEntity, "obj-00011": http.StatusForbidden}
+	hook := testenv.StartAdmissionWebhook(t, func(_ *admissionv1.AdmissionRequest, obj, _ *unstructured.Unstructured) *admissionv1.AdmissionResponse {
+		if code, ok := refusals[obj.GetName()]; ok {
+			return &admissionv1.AdmissionResponse{Result: &metav1.Status{Code: code, Reason: sentence, Message: "refused by the test's policy"}}
+		}
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	})
+	hook.Register(t, env, f.group, f.plural, map[string]string{}, f.object("v1beta1", keys[299].Namespace, keys[299].Name, nil))
+	f.switchStorage(t, "v1")
+
+	startManager(t, nil)
+	sm := f.createMigration(t, nil)
+	sm = waitFor(t, sm.Name, time.Minute, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.ObjectsFailedReason))
+	want := map[string]string{"obj-00007": "Invalid", "obj-00011": "Forbidden"}
+	if len(sm.Status.FailedObjects) != len(want) {
+		t.Errorf("failedObjects = %+v, want %v", sm.Status.FailedObjects, want)
+	}
+	for _, fo := range sm.Status.FailedObjects {
+		if want[fo.Name] != fo.Reason || !strings.Contains(fo.Message, "refused by the test's policy") {
+			t.Errorf("failedObjects has %s with reason %q and message %q, want reason %q and the webhook's message", fo.Name, fo.Reason, fo.Message, want[fo.Name])
+		}
+	}
+	if sm.Status.LastPass == nil || sm.Status.LastPass.Failed != 2 {
+		t.Errorf("lastPass = %+v, want it recorded with 2 failed", sm.Status.LastPass)
+	}
+	f.fx().AssertStored(t, map[string]int{"v1": 298, "v1beta1": 2})
+	f.assertStoredVersions(t, "v1beta1", "v1")
+	// The tests' stalled backoff is 0.5 s doubling to 2 s: 3 retries in 5 s.
+	assertNoLoop(t, "flanges."+f.group, 5*time.Second, 4)
+}
+
+// TestRefusedStatusStalls: whatever makes the API server refuse the status
+// a pass writes, here a ValidatingAdmissionPolicy that refuses any
+// status.lastPass on this StorageMigration, the migration ends Stalled with
+// StatusRefused and the API server's answer, and is retried with backoff,
+// not at once (without the fallback, it stayed Progressing, resuming again
+// and again, and never said why: tried).
+func TestRefusedStatusStalls(t *testing.T) {
+	ctx := t.Context()
+	f := fixture{group: "refusedstatus.controllers.restow.dev", kind: "Sprocket", plural: "sprockets", namespaced: true}
+	f.install(t, "v1beta1", "v1")
+	f.createObjects(t, 50, "refusedstatus")
+	f.switchStorage(t, "v1")
+
+	const message = "status.lastPass is refused by the test"
+	probe := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "probe." + f.group},
+		Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Group: "probe.invalid", Resource: "nothing"}},
+	}
+	if err := env.Client.Create(ctx, probe); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), probe) })
+	refuseLastPass(t, []string{probe.Name, f.crdName()}, message, probe)
+
+	startManager(t, nil)
+	sm := f.createMigration(t, nil)
+	sm = waitFor(t, sm.Name, time.Minute, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.StatusRefusedReason))
+	if msg := readyMessage(sm); !strings.Contains(msg, message) {
+		t.Errorf("Ready message = %q, want the policy's message", msg)
+	}
+	assertNoLoop(t, f.crdName(), 5*time.Second, 4)
+}
+
+// refuseLastPass puts in force a ValidatingAdmissionPolicy that refuses any
+// status.lastPass on the StorageMigrations named, and returns once it
+// refuses one on probe (one of them).
+func refuseLastPass(t *testing.T, names []string, message string, probe *migrationv1alpha1.StorageMigration) {
+	t.Helper()
+	ctx := t.Context()
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = fmt.Sprintf("'%s'", n)
+	}
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "refuse-lastpass-" + probe.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{migrationv1alpha1.GroupVersion.Group}, APIVersions: []string{"*"},
+						Resources: []string{"storagemigrations/status"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: fmt.Sprintf("!(object.metadata.name in [%s]) || !has(object.status) || !has(object.status.lastPass)", strings.Join(quoted, ", ")),
+				Message:    message,
+			}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName: policy.Name, ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+		},
+	}
+	for _, o := range []client.Object{policy, binding} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), o) })
+	}
+	now := metav1.Now()
+	patch := fmt.Appendf(nil, `{"status":{"lastPass":{"startTime":%q,"completionTime":%q,"targetVersion":"v1"}}}`, now.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := env.Client.Status().Patch(ctx, probe, client.RawPatch(types.MergePatchType, patch))
+		if err == nil {
+			// Taken before the policy: take it back, and try again.
+			return false, env.Client.Status().Patch(ctx, probe, client.RawPatch(types.MergePatchType, []byte(`{"status":{"lastPass":null}}`)))
+		}
+		return apierrors.IsInvalid(err) || apierrors.IsForbidden(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the policy never refused a status.lastPass: %v", err)
+	}
+}
+
+// TestNoContentsLeak: Secrets applied with kubectl carry their whole data in
+// the last-applied-configuration annotation, and a webhook's 422 quotes the
+// value it refuses. Migrating Secrets with the manager as users run it (a
+// process, default log level), where a webhook refuses one Secret with the
+// API server's own field error quoting its password, neither value may show
+// in the StorageMigration's status, its events, the manager's log or its
+// metrics. The refusal itself is named, with the field and the detail
+// (without the values withheld, status held the password: tried).
+func TestNoContentsLeak(t *testing.T) {
+	ctx := t.Context()
+	const (
+		namespace = "leak"
+		secretVal = "s3cr3t-in-last-applied"
+		password  = "hunter2-password-value"
+		refused   = "secret-03"
+	)
+	ensureNamespaces(t, namespace)
+	label := map[string]string{"restow.dev/leak-test": "yes"}
+	for i := range 6 {
+		s := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("secret-%02d", i), Namespace: namespace, Labels: label, Annotations: map[string]string{
+				corev1.LastAppliedConfigAnnotation: fmt.Sprintf(`{"apiVersion":"v1","kind":"Secret","stringData":{"token":%q}}`, secretVal),
+			}},
+			StringData: map[string]string{"token": secretVal, "password": password},
+		}
+		if err := env.Client.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), s) })
+	}
+	hook := testenv.StartAdmissionWebhook(t, func(_ *admissionv1.AdmissionRequest, obj, _ *unstructured.Unstructured) *admissionv1.AdmissionResponse {
+		if obj.GetName() != refused {
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}
+		invalid := apierrors.NewInvalid(schema.GroupKind{Kind: "Secret"}, refused, field.ErrorList{
+			field.Invalid(field.NewPath("data", "password"), password, "must be rotated before it is written again"),
+		})
+		return &admissionv1.AdmissionResponse{Result: &invalid.ErrStatus}
+	})
+	hook.Register(t, env, "", "secrets", label, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "secret-05", Namespace: namespace}})
+
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	manager := operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{"--auto-migrate=false", "--stalled-retry-base=1h", "--stalled-retry-max=1h"}})
+	sm := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "secrets-leak-test"},
+		Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: "secrets"}},
+	}
+	if err := env.Client.Create(ctx, sm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
+	sm = waitFor(t, sm.Name, 2*time.Minute, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.ObjectsFailedReason))
+
+	var named bool
+	for _, fo := range sm.Status.FailedObjects {
+		if fo.Namespace == namespace && fo.Name == refused {
+			named = true
+			if fo.Reason != "Invalid" || !strings.Contains(fo.Message, "data.password: Invalid value: (value withheld): must be rotated") {
+				t.Errorf("failedObjects names %s with reason %q and message %q, want Invalid, the field and the detail", refused, fo.Reason, fo.Message)
+			}
+		}
+	}
+	if !named {
+		t.Errorf("failedObjects = %+v, want %s/%s named", sm.Status.FailedObjects, namespace, refused)
+	}
+
+	var events eventsv1.EventList
+	if err := env.Client.List(ctx, &events); err != nil {
+		t.Fatal(err)
+	}
+	var eventText strings.Builder
+	for _, e := range events.Items {
+		if e.Regarding.Name == sm.Name {
+			fmt.Fprintln(&eventText, e.Reason, e.Note)
+		}
+	}
+	metrics, err := manager.MetricsText(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := fmt.Sprintf("%+v", sm.Status)
+	for where, text := range map[string]string{"status": status, "events": eventText.String(), "log": manager.Logs(), "metrics": metrics} {
+		for _, secret := range []string{secretVal, password} {
+			if strings.Contains(text, secret) {
+				t.Errorf("the manager's %s holds %q", where, secret)
+			}
+		}
+	}
+	if !strings.Contains(eventText.String(), "ObjectsFailed") {
+		t.Errorf("no ObjectsFailed event among:\n%s", eventText.String())
+	}
+}
