@@ -2,13 +2,20 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/labels"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -89,46 +96,118 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.stalledRetryMax, "stalled-retry-max", 30*time.Minute, "Longest delay before a Stalled migration is tried again.")
 }
 
+// The manager's exit codes.
+const (
+	// exitError: anything else went wrong, such as an API server that
+	// refuses the manager's credentials (401) or its permission (403).
+	exitError = 1
+	// exitUsage: a flag, or its value, is wrong. Go's flag package exits
+	// with 2 for a bad flag, as does kubebuilder's scaffold, which parses
+	// with it.
+	exitUsage = 2
+)
+
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// execute runs the manager with args and returns its exit code. An error
+// is one line on stderr: before the logger starts, so no log line comes
+// first.
+func execute(args []string, stdout, stderr io.Writer) int {
+	err := run(args, stdout)
+	if err == nil {
+		return 0
 	}
+	fmt.Fprintln(stderr, "error:", strings.ReplaceAll(err.Error(), "\n", "; "))
+	if usage := (*usageError)(nil); errors.As(err, &usage) {
+		return exitUsage
+	}
+	return exitError
 }
 
 // loadConfig reads the kubeconfig file named by --kubeconfig, or finds one
 // the usual way: $KUBECONFIG, in-cluster, ~/.kube/config.
 func loadConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if kubeconfig == "" {
+		cfg, err := ctrl.GetConfig()
+		if err != nil {
+			return nil, fmt.Errorf("loading kubeconfig: %w", err)
+		}
+		return cfg, nil
 	}
-	return ctrl.GetConfig()
+	if _, err := os.Stat(kubeconfig); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, usagef("--kubeconfig %q: no such file", kubeconfig)
+		}
+		return nil, usagef("--kubeconfig %q: %v", kubeconfig, err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, usagef("--kubeconfig %q is not a usable kubeconfig: %v", kubeconfig, err)
+	}
+	return cfg, nil
 }
 
-func run(args []string) error {
-	var opts options
-	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
-	opts.bindFlags(fs)
-	if err := fs.Parse(args); err != nil {
+// accessTimeout bounds checkAccess's one request.
+const accessTimeout = 15 * time.Second
+
+// checkAccess lists one CRD, as the manager must be able to, so that
+// credentials the API server refuses (401) or a user without restow's RBAC
+// (403) end the manager at once with a line that says so, instead of
+// leader election and the caches retrying for ever. Any other failure (the
+// API server is down or restarting) is left to the manager's retries.
+func checkAccess(cfg *rest.Config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), accessTimeout)
+	defer cancel()
+	mc, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	crds := apiextensionsv1.SchemeGroupVersion.WithResource("customresourcedefinitions")
+	_, err = mc.Resource(crds).List(ctx, metav1.ListOptions{Limit: 1})
+	switch {
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("the API server at %s refused the manager's credentials (401 Unauthorized): check --kubeconfig, or the service account token of the pod", cfg.Host)
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("the API server does not let the manager list customresourcedefinitions (403 Forbidden: %s): it needs restow's RBAC (config/rbac), or a --kubeconfig whose user has it", apiMessage(err))
+	}
+	return nil
+}
+
+// apiMessage is the message of an API error, without Go's wrapping.
+func apiMessage(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return status.Status().Message
+	}
+	return err.Error()
+}
+
+func run(args []string, stdout io.Writer) error {
+	opts, err := parse(args, stdout)
+	if err != nil || opts == nil {
 		return err
 	}
 	if opts.printVersion {
-		fmt.Println("restow manager", version.Get())
+		fmt.Fprintln(stdout, "restow manager", version.Get())
 		return nil
 	}
-	if opts.settleWindow <= 0 {
-		return fmt.Errorf("--settle-window must be positive: at least twice the API server's --request-timeout")
-	}
-	if opts.lagBound <= 0 {
-		return fmt.Errorf("--apiserver-lag-bound must be positive: how long any API server may take to see a CRD update after another")
-	}
-	selector, err := labels.Parse(opts.autoMigrateSelector)
+	selector, err := opts.validate()
 	if err != nil {
-		return fmt.Errorf("--auto-migrate-selector: %w", err)
+		return err
+	}
+	cfg, err := loadConfig(opts.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
+	if err := checkAccess(cfg); err != nil {
+		return err
 	}
 	log, err := logging.Setup(opts.logging)
 	if err != nil {
-		return err
+		return &usageError{err}
 	}
 	ctrl.SetLogger(log)
 
@@ -136,12 +215,6 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-
-	cfg, err := loadConfig(opts.kubeconfig)
-	if err != nil {
-		return fmt.Errorf("loading kubeconfig: %w", err)
-	}
-	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
 
 	var tlsOpts []func(*tls.Config)
 	if !opts.enableHTTP2 {

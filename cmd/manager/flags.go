@@ -1,0 +1,230 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/restow/restow/internal/logging"
+)
+
+// The bounds of --concurrency and --page-size: those of a StorageMigration's
+// spec.concurrency and spec.pageSize, which they stand in for
+// (TestSizeBoundsMatchTheAPI).
+const (
+	maxConcurrency = 1024
+	maxPageSize    = 10000
+)
+
+// leaderElectionJitter is client-go's leaderelection.JitterFactor: the
+// renew deadline must exceed the retry period times it.
+const leaderElectionJitter = 1.2
+
+// usageError is a flag, or a flag's value, that the manager does not take:
+// exit code 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+// checkedValue wraps a flag's value to say, when the flag package cannot
+// parse it, which flag it was and what the flag takes.
+type checkedValue struct {
+	flag.Value
+	name   string
+	failed *error
+}
+
+func (v *checkedValue) Set(s string) error {
+	err := v.Value.Set(s)
+	if err != nil {
+		*v.failed = usagef("--%s %q is not %s", v.name, s, takes(v.Value))
+	}
+	return err
+}
+
+func (v *checkedValue) IsBoolFlag() bool {
+	b, ok := v.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+func (v *checkedValue) String() string {
+	if v == nil || v.Value == nil {
+		return ""
+	}
+	return v.Value.String()
+}
+
+// takes says what a flag's value must look like, from its type.
+func takes(v flag.Value) string {
+	getter, ok := v.(flag.Getter)
+	if !ok {
+		return "valid"
+	}
+	switch getter.Get().(type) {
+	case time.Duration:
+		return "a duration: a number with a unit, such as 30s, 5m or 1h30m"
+	case int, int64:
+		return "a whole number"
+	case float64:
+		return "a number"
+	case bool:
+		return "true or false"
+	}
+	return "valid"
+}
+
+// parse reads the flags. For -h or --help it prints them on stdout and
+// returns no options and no error.
+func parse(args []string, stdout io.Writer) (*options, error) {
+	opts := &options{}
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	opts.bindFlags(fs)
+	// The flag package prints the error and every flag's usage: one line
+	// is enough, and it is execute's.
+	fs.SetOutput(io.Discard)
+	var badValue error
+	fs.VisitAll(func(f *flag.Flag) { f.Value = &checkedValue{Value: f.Value, name: f.Name, failed: &badValue} })
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.VisitAll(func(f *flag.Flag) { f.Value = f.Value.(*checkedValue).Value })
+		fs.SetOutput(stdout)
+		fmt.Fprintln(stdout, "Usage of the restow manager (docs/operations.md, Flags):")
+		fs.PrintDefaults()
+		return nil, nil
+	case badValue != nil:
+		return nil, badValue
+	case err != nil:
+		msg := err.Error()
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+			msg = "unknown flag: --" + name
+		} else if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+			msg = "--" + name + " needs a value"
+		}
+		return nil, &usageError{errors.New(msg)}
+	case fs.NArg() > 0:
+		return nil, usagef("unexpected argument %q: the manager takes flags only", fs.Arg(0))
+	}
+	return opts, nil
+}
+
+// validate checks the values of the flags, before the manager reaches the
+// API server, and returns the parsed --auto-migrate-selector.
+func (o *options) validate() (labels.Selector, error) {
+	checks := []func() error{
+		func() error { return between("concurrency", int64(o.concurrency), 1, maxConcurrency) },
+		func() error { return between("page-size", o.pageSize, 1, maxPageSize) },
+		func() error { return positive("status-interval", o.statusInterval, "") },
+		func() error {
+			return positive("settle-window", o.settleWindow, " (at least twice the API server's --request-timeout)")
+		},
+		func() error { return positive("apiserver-lag-bound", o.lagBound, "") },
+		func() error { return positive("stalled-retry-base", o.stalledRetryBase, "") },
+		func() error {
+			if o.stalledRetryMax < o.stalledRetryBase {
+				return usagef("--stalled-retry-max must be at least --stalled-retry-base (%s), got %s", o.stalledRetryBase, o.stalledRetryMax)
+			}
+			return nil
+		},
+		func() error {
+			if !(o.qps > 0) || math.IsInf(o.qps, 0) {
+				return usagef("--kube-api-qps must be a positive number of requests per second, got %v", o.qps)
+			}
+			return nil
+		},
+		func() error { return between("kube-api-burst", int64(o.burst), 1, math.MaxInt32) },
+		func() error { return positive("leader-election-lease-duration", o.leaseDuration, "") },
+		func() error { return positive("leader-election-renew-deadline", o.renewDeadline, "") },
+		func() error { return positive("leader-election-retry-period", o.retryPeriod, "") },
+		func() error {
+			if o.renewDeadline >= o.leaseDuration {
+				return usagef("--leader-election-renew-deadline (%s) must be shorter than --leader-election-lease-duration (%s)", o.renewDeadline, o.leaseDuration)
+			}
+			return nil
+		},
+		func() error {
+			if o.renewDeadline <= time.Duration(leaderElectionJitter*float64(o.retryPeriod)) {
+				return usagef("--leader-election-renew-deadline (%s) must be longer than 1.2 times --leader-election-retry-period (%s)", o.renewDeadline, o.retryPeriod)
+			}
+			return nil
+		},
+		func() error {
+			if ns := o.leaderElectNamespace; ns != "" {
+				if len(validation.IsDNS1123Label(ns)) > 0 {
+					return usagef("--leader-election-namespace %q is not a namespace name: lowercase letters, digits and '-', at most 63", ns)
+				}
+			}
+			return nil
+		},
+		func() error { return address("metrics-bind-address", o.metricsAddr, false) },
+		func() error { return address("health-probe-bind-address", o.probeAddr, true) },
+		func() error { return address("pprof-bind-address", o.pprofAddr, true) },
+		func() error {
+			if _, err := logging.NewWithSink(o.logging, zapcore.AddSync(io.Discard)); err != nil {
+				return &usageError{err}
+			}
+			return nil
+		},
+	}
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return nil, err
+		}
+	}
+	selector, err := labels.Parse(o.autoMigrateSelector)
+	if err != nil {
+		return nil, usagef("--auto-migrate-selector %q is not a label selector: %v", o.autoMigrateSelector, err)
+	}
+	return selector, nil
+}
+
+func between(name string, v, least, most int64) error {
+	if v < least || v > most {
+		if most == math.MaxInt32 {
+			return usagef("--%s must be at least %d, got %d", name, least, v)
+		}
+		return usagef("--%s must be between %d and %d, got %d", name, least, most, v)
+	}
+	return nil
+}
+
+func positive(name string, d time.Duration, why string) error {
+	if d <= 0 {
+		return usagef("--%s must be a positive duration%s, got %s", name, why, d)
+	}
+	return nil
+}
+
+// address checks a listening address: host:port or :port, or "0" to turn
+// the endpoint off (and "" too, where controller-runtime takes it so).
+func address(name, addr string, emptyIsOff bool) error {
+	if addr == "0" || (addr == "" && emptyIsOff) {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		var n int
+		if n, err = strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
+			err = errors.New("port out of range")
+		}
+	}
+	if err != nil {
+		return usagef("--%s %q is not an address: want host:port or :port (such as :8443), or 0 to turn it off", name, addr)
+	}
+	return nil
+}
