@@ -7,14 +7,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -52,7 +58,8 @@ func Execute(ctx context.Context, args []string, streams genericiooptions.IOStre
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(streams.ErrOut, "error:", err)
+	// One line: a wrapped or joined error may hold line breaks.
+	fmt.Fprintln(streams.ErrOut, "error:", strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
 	if exit := (*exitError)(nil); errors.As(err, &exit) {
 		return exit.code
 	}
@@ -72,6 +79,7 @@ and migrates them: through the restow operator (migrate) or in-process (run).`,
 		SilenceErrors: true,
 	}
 	f.flags.AddFlags(root.PersistentFlags())
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(
 		newPlanCommand(f, streams),
 		newMigrateCommand(f, streams),
@@ -121,7 +129,14 @@ type clients struct {
 	migrator *migrator.Migrator
 }
 
-func (f *factory) clients() (*clients, error) {
+// clients checks kubectl's connection flags, connects and asks the API
+// server for its version: a kubeconfig it refuses (401) or an API server
+// it cannot reach ends the command there, in one line, before discovery
+// would log the same error again.
+func (f *factory) clients(ctx context.Context) (*clients, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
 	cfg, err := f.flags.ToRESTConfig()
 	if err != nil {
 		return nil, err
@@ -153,6 +168,9 @@ func (f *factory) clients() (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := reachable(ctx, disco, cfg.Host); err != nil {
+		return nil, err
+	}
 	return &clients{
 		client:  c,
 		watcher: watcher,
@@ -161,6 +179,115 @@ func (f *factory) clients() (*clients, error) {
 			Client: c, Reader: c, Metadata: meta, Objects: objects, Discovery: disco, Mapper: mapper, Throttle: throttle,
 		},
 	}, nil
+}
+
+// validate checks the kubectl flags that the client libraries would take
+// without a word (a negative --request-timeout) or report without the
+// flag's name (a --kubeconfig file that does not exist).
+func (f *factory) validate() error {
+	if path := ptr.Deref(f.flags.KubeConfig, ""); path != "" {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("--kubeconfig %q: no such file", path)
+		} else if err != nil {
+			return fmt.Errorf("--kubeconfig %q: %w", path, err)
+		}
+	}
+	if timeout := ptr.Deref(f.flags.Timeout, ""); timeout != "" {
+		d, err := clientcmd.ParseTimeout(timeout)
+		switch {
+		case err != nil:
+			return fmt.Errorf("--request-timeout %q is not a duration: a whole number of seconds, or %s", timeout, durationForm)
+		case d < 0:
+			return fmt.Errorf("--request-timeout must be 0 (no limit) or positive, got %s", timeout)
+		}
+	}
+	return nil
+}
+
+// reachable asks the API server for its version, which every client may
+// read: it fails only for credentials the API server refuses or an API
+// server that does not answer. Other refusals are left to the requests
+// that follow, which say what was refused.
+func reachable(ctx context.Context, disco discovery.DiscoveryInterface, host string) error {
+	err := disco.RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+	var status apierrors.APIStatus
+	switch {
+	case err == nil, ctx.Err() != nil:
+		return ctx.Err()
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("the API server at %s refused the kubeconfig's credentials (401 Unauthorized): check --kubeconfig, --context and --user", host)
+	case errors.As(err, &status):
+		return nil
+	}
+	return fmt.Errorf("cannot reach the API server at %s: %w", host, err)
+}
+
+// durationForm says what a duration looks like.
+const durationForm = "a number with a unit, such as 30s, 5m or 1h30m"
+
+// flagError says in one line which flag's value could not be parsed, and
+// what the flag takes.
+func flagError(_ *cobra.Command, err error) error {
+	var invalid *pflag.InvalidValueError
+	if !errors.As(err, &invalid) {
+		return err
+	}
+	var takes string
+	switch invalid.GetFlag().Value.Type() {
+	case "duration":
+		takes = "a duration: " + durationForm
+	case "int", "int32", "int64":
+		takes = "a whole number"
+	case "float32", "float64":
+		takes = "a number"
+	case "bool":
+		takes = "true or false"
+	default:
+		return err
+	}
+	return fmt.Errorf("--%s %q is not %s", invalid.GetFlag().Name, invalid.GetValue(), takes)
+}
+
+// Bounds of run's flags, as the operator's: those of a StorageMigration's
+// spec.concurrency and spec.pageSize.
+const (
+	maxConcurrency = 1024
+	maxPageSize    = 10000
+)
+
+// between checks an integer flag's value.
+func between(name string, v, least, most int64) error {
+	if v < least || v > most {
+		return fmt.Errorf("--%s must be between %d and %d, got %d", name, least, most, v)
+	}
+	return nil
+}
+
+// positive checks a duration flag that must be above zero.
+func positive(name string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("--%s must be a positive duration, got %s", name, d)
+	}
+	return nil
+}
+
+// zeroOrPositive checks a duration flag whose 0 means no limit.
+func zeroOrPositive(name string, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("--%s must be 0 (no limit) or positive, got %s", name, d)
+	}
+	return nil
+}
+
+// oneResource is the argument check of migrate and run.
+func oneResource(cmd *cobra.Command, args []string) error {
+	switch {
+	case len(args) != 1:
+		return fmt.Errorf("%s takes one RESOURCE|CRD argument, got %d", cmd.Name(), len(args))
+	case strings.TrimSpace(args[0]) == "":
+		return errors.New("RESOURCE|CRD is empty: name a resource, such as crontabs, or a CRD, such as crontabs.stable.example.com")
+	}
+	return nil
 }
 
 // resolveResource turns a command-line argument into a group and resource:

@@ -46,12 +46,12 @@ it follows the pass with a progress bar until the StorageMigration is Ready
 operator answers within --operator-timeout, it says so and exits %d.`, ExitPending, ExitTimeout, ExitNoOperator),
 		Example: `  kubectl restow migrate crontabs.stable.example.com --wait
   kubectl restow migrate crontabs --wait --timeout 30m`,
-		Args: cobra.ExactArgs(1),
+		Args: oneResource,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if opts.operatorTimeout <= 0 {
-				return errors.New("--operator-timeout must be positive")
+			if err := opts.validate(); err != nil {
+				return err
 			}
-			c, err := f.clients()
+			c, err := f.clients(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -64,6 +64,14 @@ operator answers within --operator-timeout, it says so and exits %d.`, ExitPendi
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", defaultWaitTimeout, "Give up waiting after this long (0: no limit).")
 	cmd.Flags().DurationVar(&opts.operatorTimeout, "operator-timeout", defaultOperatorTimeout, "With --wait, how long to wait for the restow operator to answer before concluding that none is running.")
 	return cmd
+}
+
+// validate checks the flags, before any request.
+func (o migrateOptions) validate() error {
+	if err := zeroOrPositive("timeout", o.timeout); err != nil {
+		return err
+	}
+	return positive("operator-timeout", o.operatorTimeout)
 }
 
 func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts migrateOptions) error {

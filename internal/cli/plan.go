@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -83,14 +84,14 @@ objects of namespaced CRDs in that namespace only.`,
 			if err := validateOutput(output); err != nil {
 				return err
 			}
-			if assumedRate <= 0 {
-				return fmt.Errorf("--assumed-rate must be positive")
+			if !(assumedRate > 0) || math.IsInf(assumedRate, 1) {
+				return fmt.Errorf("--assumed-rate must be a positive number of objects per second, got %v", assumedRate)
 			}
 			namespace, err := f.namespace(allNamespaces)
 			if err != nil {
 				return err
 			}
-			c, err := f.clients()
+			c, err := f.clients(cmd.Context())
 			if err != nil {
 				return err
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -57,13 +58,16 @@ rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 		Example: `  kubectl restow run crontabs.stable.example.com
   kubectl restow run crontabs --dry-run
   kubectl restow run crontabs -n team-a`,
-		Args: cobra.ExactArgs(1),
+		Args: oneResource,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var err error
+			err := opts.validate()
+			if err != nil {
+				return err
+			}
 			if opts.namespace, err = f.namespace(allNamespaces); err != nil {
 				return err
 			}
-			c, err := f.clients()
+			c, err := f.clients(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -89,16 +93,23 @@ rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 	return cmd
 }
 
+// validate checks the flags, before any request.
+func (o runOptions) validate() error {
+	for _, err := range []error{
+		between("concurrency", int64(o.concurrency), 1, maxConcurrency),
+		between("page-size", o.pageSize, 1, maxPageSize),
+		positive("settle-window", o.settleWindow),
+		positive("apiserver-lag-bound", o.lagBound),
+		zeroOrPositive("timeout", o.timeout),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts runOptions) error {
-	if opts.concurrency < 1 || opts.pageSize < 1 {
-		return fmt.Errorf("--concurrency and --page-size must be at least 1")
-	}
-	if opts.settleWindow <= 0 {
-		return fmt.Errorf("--settle-window must be positive: at least twice the API server's --request-timeout")
-	}
-	if opts.lagBound <= 0 {
-		return fmt.Errorf("--apiserver-lag-bound must be positive: how long any API server may take to see a CRD update after another")
-	}
 	c.migrator.LagBound, c.migrator.AssumeSeveral = opts.lagBound, opts.several
 	gr, err := c.resolveResource(arg)
 	if err != nil {
@@ -223,6 +234,12 @@ func resolveWhenServed(ctx context.Context, c *clients, streams genericiooptions
 		}
 		return err == nil, err
 	})
+	// The engine calls any failed read of the CRD transient, for the
+	// operator to retry; a refusal does not pass by waiting, so say it as
+	// the API server did.
+	if status := apierrors.APIStatus(nil); apierrors.IsForbidden(err) && errors.As(err, &status) {
+		return target, errors.New(status.Status().Message)
+	}
 	return target, err
 }
 

@@ -84,7 +84,15 @@ change until interrupted.`,
   kubectl restow status crontabs.stable.example.com
   kubectl restow status -o wide --watch
   kubectl restow status crontabs.stable.example.com -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}'`,
-		Args: cobra.MaximumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case len(args) > 1:
+				return fmt.Errorf("status takes at most one NAME, got %d arguments", len(args))
+			case len(args) == 1 && strings.TrimSpace(args[0]) == "":
+				return errors.New("NAME is empty: name a StorageMigration, or leave NAME out to list them all")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := ""
 			if len(args) == 1 {
@@ -94,7 +102,7 @@ change until interrupted.`,
 			if err != nil {
 				return err
 			}
-			c, err := f.clients()
+			c, err := f.clients(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -119,7 +127,11 @@ func (o *statusOptions) printer() (printers.ResourcePrinter, error) {
 	case "", "wide":
 		return nil, nil
 	}
-	return o.print.ToPrinter()
+	printer, err := o.print.ToPrinter()
+	if genericclioptions.IsNoCompatiblePrinterError(err) {
+		return nil, fmt.Errorf("--output %q is not supported: use one of wide, %s, or leave it out", *o.print.OutputFormat, strings.Join(o.print.AllowedFormats(), ", "))
+	}
+	return printer, err
 }
 
 func (o *statusOptions) wide() bool { return *o.print.OutputFormat == "wide" }
