@@ -7,6 +7,8 @@ package migrator_test
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/testenv"
@@ -127,6 +130,67 @@ func TestSchemaChangeWhileWriteQueued(t *testing.T) {
 	t.Logf("%d writes held", heldCount)
 	if lost > 0 {
 		t.Errorf("%d of the %d objects whose write was not held lost spec.extra", lost, n-heldCount)
+	}
+	fx.AssertAllStoredAt(t, "v1", n)
+}
+
+// TestUnconvertibleWithOldVersionUnserved: once the old version is unserved
+// (the documented next step after a switch), an object the conversion
+// webhook refuses fails every list page that holds it, through every served
+// version. The pass must isolate it by its key, name it, migrate every other
+// object, and prune nothing; once the webhook converts it, a new pass heals
+// and prunes. Refused: the very first object (nothing listed before it), one
+// in the middle of a page, and two neighbours in key order (m-1/obj-00401
+// and m-1/obj-00403: one is named, both are counted). Without isolation the
+// pass ended TransientError with 0 of the other objects migrated: tried.
+func TestUnconvertibleWithOldVersionUnserved(t *testing.T) {
+	const n = 600
+	hook := testenv.StartConversionWebhook(t, func(*unstructured.Unstructured, string) error { return nil })
+	fx := testenv.Fixture{Env: env, Group: "unlisted.migrator.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true, Conversion: hook.Conversion()}
+	fx.Install(t, "v1beta1", "v1")
+	fx.CreateObjects(t, "v1beta1", n, func(i int) map[string]any { return map[string]any{"n": int64(i)} }, "m-0", "m-1")
+	refused := []string{"obj-00000", "obj-00250", "obj-00401", "obj-00403"}
+	hook.Refuse(true, refused...)
+	fx.SwitchStorage(t, "v1")
+	ctx := t.Context()
+	if err := env.UpdateCRD(ctx, fx.CRDName(), func(crd *apiextensionsv1.CustomResourceDefinition) {
+		for i := range crd.Spec.Versions {
+			crd.Spec.Versions[i].Served = crd.Spec.Versions[i].Name == "v1"
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	m, _ := newMigrator(t)
+	opts := migrator.Options{Prune: true, SettleWindow: time.Second, PageSize: 100,
+		RetryBackoff: wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 3}}
+	result, err := m.Migrate(ctx, resolve(t, m, fx), opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]string{}
+	for _, f := range result.Failures {
+		named[f.Namespace+"/"+f.Name] = f.Message
+	}
+	t.Logf("result %+v; failures %v", result.Counts, named)
+	for _, key := range []string{"m-0/obj-00000", "m-0/obj-00250", "m-1/obj-00403"} {
+		if !strings.Contains(named[key], "found by its key") {
+			t.Errorf("%s not named as passed over: %q", key, named[key])
+		}
+	}
+	if result.Failed != 4 || result.Listed != n || len(result.Pruned) != 0 {
+		t.Errorf("result = %+v, pruned %v; want %d listed, 4 failed, nothing pruned", result.Counts, result.Pruned, n)
+	}
+	fx.AssertStored(t, map[string]int{"v1": n - 4, "v1beta1": 4})
+	fx.AssertStoredVersions(t, "v1beta1", "v1")
+
+	hook.Refuse(false, refused...)
+	result, err = m.Migrate(ctx, resolve(t, m, fx), opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Failed != 0 || !slices.Equal(result.Pruned, []string{"v1beta1"}) {
+		t.Errorf("healed: result = %+v, pruned %v; want none failed, v1beta1 pruned", result.Counts, result.Pruned)
 	}
 	fx.AssertAllStoredAt(t, "v1", n)
 }

@@ -124,7 +124,11 @@ func MessageUpTo(err error, limit int) string {
 	if errors.As(err, &status) && status.Status().Message != "" {
 		msg = status.Status().Message
 	}
-	msg = withholdValues(msg)
+	return cut(withholdValues(msg), limit)
+}
+
+// cut shortens msg to at most limit bytes, ending it with "..." if cut.
+func cut(msg string, limit int) string {
 	if len(msg) > limit {
 		msg = strings.ToValidUTF8(msg[:limit-3], "") + "..."
 	}

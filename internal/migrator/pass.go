@@ -220,6 +220,9 @@ type migration struct {
 	// updateRefused is set once the API server answered 403 to writing an
 	// object back as listed: the rest of the migration patches (update.go).
 	updateRefused atomic.Bool
+	// isolated counts the pages taken apart to pass over an object that no
+	// served version lists (isolate.go).
+	isolated atomic.Int64
 
 	mu sync.Mutex
 	// cp is committed at page boundaries.
@@ -348,6 +351,12 @@ type page struct {
 	remaining *int64
 	// resourceVersion is the list's snapshot.
 	resourceVersion string
+	// unlisted, when set, holds for each item that no served version lists
+	// its failure: the object is not rewritten (isolate.go).
+	unlisted []*Failure
+	// uncounted objects were passed over with an unlisted one, unnamed:
+	// counted as listed and failed.
+	uncounted int64
 }
 
 // tally counts the outcomes of one page, committed once every object of the
@@ -356,6 +365,14 @@ type tally struct {
 	migrated, alreadyStored, skipped, failed atomic.Int64
 	mu                                       sync.Mutex
 	failures                                 []Failure
+}
+
+// fail counts an object that could not be rewritten.
+func (t *tally) fail(f Failure) {
+	t.failed.Add(1)
+	t.mu.Lock()
+	t.failures = append(t.failures, f)
+	t.mu.Unlock()
 }
 
 // maxPagesAhead bounds the pages a pass holds: listed, or rewritten but not
@@ -439,7 +456,9 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 				if bodies := j.page.pg.bodies; bodies != nil {
 					body = bodies[j.index]
 				}
-				if err := mg.rewrite(ctx, j.obj, body, j.page.pg.listed, &j.page.tally); err != nil {
+				if unlisted := j.page.pg.unlisted; unlisted != nil && unlisted[j.index] != nil {
+					j.page.tally.fail(*unlisted[j.index])
+				} else if err := mg.rewrite(ctx, j.obj, body, j.page.pg.listed, &j.page.tally); err != nil {
 					mg.stop(err)
 					cancel()
 				}
@@ -528,7 +547,8 @@ func (mg *migration) commit(pg page, t *tally, recheck bool) {
 	if recheck {
 		c.Rechecked += t.migrated.Load() + t.alreadyStored.Load()
 	} else {
-		c.Listed += int64(len(pg.items))
+		c.Listed += int64(len(pg.items)) + pg.uncounted
+		c.Failed += pg.uncounted
 		c.Migrated += t.migrated.Load()
 		c.AlreadyStored += t.alreadyStored.Load()
 		c.Skipped += t.skipped.Load()
@@ -574,6 +594,8 @@ func (mg *migration) stop(err error) {
 func (mg *migration) list(ctx context.Context, token string, whole bool, pages chan<- page) error {
 	// Pages of whole objects hold about wholePageBytes (update.go).
 	wholeLimit := min(mg.opts.PageSize, firstWholePage)
+	// remaining is how many objects the list has left at token, if known.
+	var remaining *int64
 	for {
 		limit := mg.opts.PageSize
 		if whole && mg.writesWhole() {
@@ -590,6 +612,22 @@ func (mg *migration) list(ctx context.Context, token string, whole bool, pages c
 			list, bodies, err = mg.listPage(ctx, token, limit, whole)
 			return err
 		})
+		if err != nil && whole && classify(err) == transient && mg.mayIsolate() {
+			isolated, ierr := mg.isolate(ctx, token, limit, err, remaining)
+			if ierr == nil {
+				for _, pg := range isolated {
+					if !mg.send(ctx, pages, pg) {
+						return nil
+					}
+					token, remaining = pg.next, pg.remaining
+				}
+				if token == "" {
+					return nil
+				}
+				continue
+			}
+			klog.FromContext(ctx).V(1).Info("Could not isolate the object that fails a list page", "error", ierr.Error())
+		}
 		if err != nil {
 			return mg.passError("listing", err)
 		}
@@ -598,17 +636,33 @@ func (mg *migration) list(ctx context.Context, token string, whole bool, pages c
 			wholeLimit = nextWholeLimit(mg.opts.PageSize, wholeLimit, bodies)
 			mg.holdBodies(ctx, &pg)
 		}
-		select {
-		case pages <- pg:
-		case <-ctx.Done():
-			mg.release(pg.charge)
+		if !mg.send(ctx, pages, pg) {
 			return nil
 		}
 		if list.Continue == "" {
 			return nil
 		}
-		token = list.Continue
+		token, remaining = list.Continue, list.RemainingItemCount
 	}
+}
+
+// send hands a listed page to the workers, or returns false when the pass
+// ends first.
+func (mg *migration) send(ctx context.Context, pages chan<- page, pg page) bool {
+	select {
+	case pages <- pg:
+		return true
+	case <-ctx.Done():
+		mg.release(pg.charge)
+		return false
+	}
+}
+
+// mayIsolate reports whether a page that no served version lists may be
+// taken apart (isolate.go): in a whole resource's first pass, a CRD's, up to
+// maxFailedObjects times.
+func (mg *migration) mayIsolate() bool {
+	return mg.target.CRD != nil && !mg.target.Partial() && mg.isolated.Add(1) <= maxFailedObjects
 }
 
 // listPage lists one page through the storage version (whole objects, when
@@ -715,11 +769,8 @@ func (mg *migration) rewrite(ctx context.Context, obj metav1.PartialObjectMetada
 		t.skipped.Add(1)
 		log.V(4).Info("Skipped object changed or deleted since listed", "object", klog.KObj(&obj), "reason", apierrors.ReasonForError(err))
 	case permanent:
-		t.failed.Add(1)
 		log.V(4).Info("Could not rewrite object", "object", klog.KObj(&obj), "reason", reasonFor(err))
-		t.mu.Lock()
-		t.failures = append(t.failures, Failure{Namespace: obj.Namespace, Name: obj.Name, Reason: reasonFor(err), Message: Message(err)})
-		t.mu.Unlock()
+		t.fail(Failure{Namespace: obj.Namespace, Name: obj.Name, Reason: reasonFor(err), Message: Message(err)})
 	default:
 		return mg.passError("rewriting "+klog.KObj(&obj).String(), err)
 	}
