@@ -31,6 +31,9 @@ type Options struct {
 	// see migrator.Migrator.
 	LagBound      time.Duration
 	AssumeSeveral bool
+	// MaxPasses bounds the passes that list and rewrite at once; zero means
+	// the migrator's default.
+	MaxPasses int
 
 	// AutoMigrate runs the automatic trigger: a StorageMigration for every
 	// CRD whose status.storedVersions lists more than its storage version.
@@ -46,7 +49,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err != nil {
 		return err
 	}
-	m.LagBound, m.AssumeSeveral = opts.LagBound, opts.AssumeSeveral
+	m.LagBound, m.AssumeSeveral, m.MaxPasses = opts.LagBound, opts.AssumeSeveral, opts.MaxPasses
 	recorder := mgr.GetEventRecorder("restow")
 	migrations := &StorageMigrationReconciler{
 		Client:           mgr.GetClient(),

@@ -95,6 +95,8 @@ func passUnderWay(target migrator.Target, p migrator.Progress, status *migration
 	switch {
 	case p.Retrying != "":
 		return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+p.Retrying)
+	case p.WaitingForSlot:
+		return reconciling(migrationv1alpha1.ProgressingReason, "Waiting for one of the passes that run at once (--max-concurrent-passes) to end")
 	case p.Phase == migrator.PhaseRewriting && p.Done() == 0 && now.Before(p.SwitchedBy):
 		return reconciling(migrationv1alpha1.WaitingForStorageVersionReason, migrator.LagMessage(target, p.SwitchedBy))
 	case p.Phase == migrator.PhaseSettling:

@@ -18,6 +18,10 @@ import (
 	"github.com/restow/restow/internal/logging"
 )
 
+// maxPasses bounds --max-concurrent-passes: each pass may hold pages of
+// metadata and its own pace of requests.
+const maxPasses = 64
+
 // The bounds of --concurrency and --page-size: those of a StorageMigration's
 // spec.concurrency and spec.pageSize, which they stand in for
 // (TestSizeBoundsMatchTheAPI).
@@ -129,6 +133,7 @@ func (o *options) validate() (labels.Selector, error) {
 	checks := []func() error{
 		func() error { return between("concurrency", int64(o.concurrency), 1, maxConcurrency) },
 		func() error { return between("page-size", o.pageSize, 1, maxPageSize) },
+		func() error { return between("max-concurrent-passes", int64(o.maxPasses), 1, maxPasses) },
 		func() error { return positive("status-interval", o.statusInterval, "") },
 		func() error {
 			return positive("settle-window", o.settleWindow, " (at least twice the API server's --request-timeout)")

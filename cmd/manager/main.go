@@ -46,6 +46,7 @@ type options struct {
 	qps                  float64
 	burst                int
 	concurrency          int
+	maxPasses            int
 	pageSize             int64
 	statusInterval       time.Duration
 	settleWindow         time.Duration
@@ -84,6 +85,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	// and Fairness does the throttling (config/flowcontrol).
 	fs.Float64Var(&o.qps, "kube-api-qps", 1000, "Client-side rate limit on requests to the API server, per second.")
 	fs.IntVar(&o.burst, "kube-api-burst", 2000, "Client-side burst of requests to the API server.")
+	fs.IntVar(&o.maxPasses, "max-concurrent-passes", migrator.DefaultMaxPasses, "Most passes that list and rewrite at once, over every resource: others wait for one to end (waiting out the lag bound or the settle window takes none). Bounds memory and API load when many resources need migrating at once.")
 	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Most objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency: each pass paces itself below it, to what the API server can take.")
 	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
 	fs.DurationVar(&o.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after it sees a storage switch a pass waits before it re-checks what others wrote and prunes status.storedVersions: writes that began on the old storage may commit until then. At least twice the API server's --request-timeout (default 60s).")
@@ -244,6 +246,7 @@ func run(args []string, stdout io.Writer) error {
 	ctx := ctrl.SetupSignalHandler()
 	err = controllers.Setup(ctx, mgr, controllers.Options{
 		Concurrency:         opts.concurrency,
+		MaxPasses:           opts.maxPasses,
 		PageSize:            opts.pageSize,
 		StatusInterval:      opts.statusInterval,
 		SettleWindow:        opts.settleWindow,

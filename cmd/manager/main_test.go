@@ -106,6 +106,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--concurrency=-8"}, "--concurrency must be between 1 and 1024, got -8"},
 		{[]string{"--concurrency=1025"}, "--concurrency must be between 1 and 1024, got 1025"},
 		{[]string{"--concurrency=lots"}, `--concurrency "lots" is not a whole number`},
+		{[]string{"--max-concurrent-passes=0"}, "--max-concurrent-passes must be between 1 and 64, got 0"},
+		{[]string{"--max-concurrent-passes=65"}, "--max-concurrent-passes must be between 1 and 64, got 65"},
 		{[]string{"--page-size=0"}, "--page-size must be between 1 and 10000, got 0"},
 		{[]string{"--page-size=-5"}, "--page-size must be between 1 and 10000, got -5"},
 		{[]string{"--page-size=10001"}, "--page-size must be between 1 and 10000, got 10001"},

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/storedversions"
@@ -162,14 +163,24 @@ func (mg *migration) settle(ctx context.Context) error {
 // need no record, so that record stays bounded by the window, not by the
 // size of the resource.
 func (mg *migration) closeWindowAt(ctx context.Context) {
-	timer := time.NewTimer(time.Until(mg.settleUntil))
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		_ = mg.closeWindow(ctx) // settle tries again
-	case <-ctx.Done():
+	if sleepUntil(ctx, mg.settleUntil) != nil {
+		return
 	}
+	// Until it is read, the record of the pass's own writes grows: try
+	// again until it is (settle reads it too, and stops on failure).
+	_ = wait.PollUntilContextCancel(ctx, closeWindowRetry, true, func(ctx context.Context) (bool, error) {
+		return mg.closeWindow(ctx) == nil, nil
+	})
 }
+
+// closeWindowRetry spaces the attempts at reading the end of the settle
+// window while the first pass runs.
+const closeWindowRetry = 5 * time.Second
+
+// maxProven bounds the record of the pass's own writes within the settle
+// window: past it, objects are re-checked rather than recorded, so memory
+// stays bounded whatever the window's length and the pass's pace.
+const maxProven = 1 << 17
 
 // closeWindow reads the resourceVersion of now, after the settle window:
 // every write that began on the old storage has committed at or below it.
@@ -226,7 +237,9 @@ func (mg *migration) noteOwnWrite(resourceVersion string) {
 			return
 		}
 	}
-	mg.proven[resourceVersion] = struct{}{}
+	if len(mg.proven) < maxProven {
+		mg.proven[resourceVersion] = struct{}{}
+	}
 }
 
 // mustRecheck reports whether an object listed after the settle window

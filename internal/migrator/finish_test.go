@@ -3,6 +3,7 @@ package migrator
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -146,5 +147,26 @@ func TestVersionWithHash(t *testing.T) {
 	}
 	if got := versionWithHash("", "Secret", []string{"v1"}, ""); got != "" {
 		t.Errorf("versionWithHash without a hash = %q, want \"\"", got)
+	}
+}
+
+// TestOwnWritesRecordIsBounded: the record of the pass's own writes within
+// the settle window stops growing at maxProven, whether or not the end of
+// the window could be read; an object whose write was not recorded is
+// re-checked, never taken as proven.
+func TestOwnWritesRecordIsBounded(t *testing.T) {
+	mg := &migration{proven: map[string]struct{}{}, recordWrites: true, cp: Checkpoint{ListResourceVersion: "100"}}
+	for rv := 101; rv <= 101+maxProven+1000; rv++ {
+		mg.noteOwnWrite(strconv.Itoa(rv))
+	}
+	if len(mg.proven) != maxProven {
+		t.Fatalf("the record holds %d writes, want at most %d", len(mg.proven), maxProven)
+	}
+	mg.cp.WindowEnd = strconv.Itoa(200 + maxProven + 1000)
+	if !mg.mustRecheck(strconv.Itoa(101 + maxProven + 500)) {
+		t.Error("an object whose write was not recorded is not re-checked")
+	}
+	if mg.mustRecheck("101") {
+		t.Error("an object whose write was recorded is re-checked")
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,6 +59,12 @@ type Migrator struct {
 	BodyBytes int64
 	// bodyBytes is what the passes hold now.
 	bodyBytes atomic.Int64
+	// MaxPasses bounds the passes that list and rewrite at once (waiting
+	// out the lag bound or the settle window takes no slot); others wait
+	// for one. Zero means DefaultMaxPasses.
+	MaxPasses int
+	slotsOnce sync.Once
+	slots     chan struct{}
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
 	// and Objects' requests, so passes slow down at once (pace.go).
 	Throttle *Throttle
@@ -70,6 +77,41 @@ type Migrator struct {
 	// and waits for LagBound as with several: for control planes whose API
 	// servers share a host name, and so one Lease.
 	AssumeSeveral bool
+}
+
+// DefaultMaxPasses is Migrator.MaxPasses by default: each pass holds a few
+// pages of metadata and paces itself to what the API server can take, so a
+// backlog of many resources (a manager starting on a cluster where many
+// CRDs switched) is worked off a few at a time, not all at once.
+const DefaultMaxPasses = 4
+
+// passSlot waits until fewer than MaxPasses passes list and rewrite, and
+// returns the function that frees the slot it took.
+func (m *Migrator) passSlot(ctx context.Context) (func(), error) {
+	slots := m.passSlots()
+	select {
+	case slots <- struct{}{}:
+		return func() { <-slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (m *Migrator) passSlots() chan struct{} {
+	m.slotsOnce.Do(func() {
+		n := m.MaxPasses
+		if n <= 0 {
+			n = DefaultMaxPasses
+		}
+		m.slots = make(chan struct{}, n)
+	})
+	return m.slots
+}
+
+// slotsBusy reports whether every pass slot is taken now.
+func (m *Migrator) slotsBusy() bool {
+	slots := m.passSlots()
+	return len(slots) == cap(slots)
 }
 
 // NewForConfig builds a migrator on cfg whose reads are all uncached: c

@@ -182,6 +182,9 @@ type Progress struct {
 	// Concurrency is the pace: how many rewrites the pass has in flight
 	// at most now.
 	Concurrency int
+	// WaitingForSlot is set while the pass waits for one of the passes
+	// that run at once to end (Migrator.MaxPasses).
+	WaitingForSlot bool
 }
 
 // Result is the outcome of a migration that reached its end.
@@ -229,8 +232,11 @@ type migration struct {
 	cp          Checkpoint
 	remaining   *int64
 	retryingMsg string
-	settleUntil time.Time
-	stopErr     error
+	// waitingForSlot is set while the pass waits for a slot among the
+	// passes that run at once.
+	waitingForSlot bool
+	settleUntil    time.Time
+	stopErr        error
 	// switchedBy is when every API server stores at the target version.
 	switchedBy time.Time
 	// proven records the resourceVersions the pass's own rewrites produced
@@ -328,7 +334,7 @@ func (mg *migration) report() {
 func (mg *migration) progress() Progress {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, SettleUntil: mg.settleUntil}
+	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, SettleUntil: mg.settleUntil, WaitingForSlot: mg.waitingForSlot}
 	if mg.pace != nil {
 		p.Concurrency = mg.pace.current()
 	}
@@ -394,6 +400,15 @@ type pageWork struct {
 // from the checkpoint's token; in the re-check only the objects
 // mustRecheck picks, from the first page.
 func (mg *migration) pass(parent context.Context, recheck bool) error {
+	if mg.m.slotsBusy() {
+		mg.setWaitingForSlot(true)
+	}
+	release, err := mg.m.passSlot(parent)
+	mg.setWaitingForSlot(false)
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	token := ""
@@ -985,6 +1000,18 @@ func (mg *migration) retryTransient(ctx context.Context, fn func() error) error 
 		return last
 	}
 	return err
+}
+
+// setWaitingForSlot says whether the pass waits for one of the passes
+// that run at once to end (Migrator.MaxPasses).
+func (mg *migration) setWaitingForSlot(waiting bool) {
+	mg.mu.Lock()
+	changed := mg.waitingForSlot != waiting
+	mg.waitingForSlot = waiting
+	mg.mu.Unlock()
+	if changed {
+		mg.report()
+	}
 }
 
 func (mg *migration) setRetrying(msg string) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -45,7 +46,8 @@ const (
 	// more, at most --page-size objects of the largest size etcd stores.
 	wholePageBytes = 4 << 20
 	// DefaultBodyBytes is Migrator.BodyBytes by default: what all passes
-	// hold of listed objects at once, beside the page each is decoding.
+	// hold of listed objects at once, the pages being read and decoded
+	// included.
 	DefaultBodyBytes = 32 << 20
 	// maxBodyAge is how long after its page was listed an object may be
 	// written back as listed; after it, it is patched.
@@ -82,16 +84,27 @@ func (mg *migration) listWhole(ctx context.Context, token string, limit int64) (
 	if mg.target.Partial() {
 		namespace = mg.target.Namespace
 	}
-	req := mg.request(mg.m.Objects.Get(), namespace, "").
-		Param("limit", strconv.FormatInt(limit, 10)).
-		SetHeader("Accept", "application/json")
-	if token != "" {
-		req = req.Param("continue", token)
+	var data []byte
+	var release func()
+	for {
+		var err error
+		data, release, err = mg.readWholePage(ctx, namespace, token, limit)
+		switch {
+		case errors.Is(err, errPageTooLarge) && limit > 1:
+			limit = max(1, limit/4)
+			continue
+		case errors.Is(err, errPageTooLarge):
+			// Not one object fits what the budget has left: this page is
+			// listed as metadata, and patched.
+			klog.FromContext(ctx).V(1).Info("Listed objects held by passes are at their budget; patching this page", "error", err.Error())
+			return listMetadata(ctx, mg.target.scope(mg.resource), limit)(token)
+		case err != nil:
+			return nil, nil, err
+		}
+		break
 	}
-	data, err := answer(req.Do(ctx))
-	if err != nil {
-		return nil, nil, err
-	}
+	// The read stays charged until the page is decoded.
+	defer release()
 	// Case-sensitive, as the API server decodes.
 	var raw struct {
 		metav1.ListMeta `json:"metadata"`
@@ -110,6 +123,59 @@ func (mg *migration) listWhole(ctx context.Context, token string, limit int64) (
 	return list, raw.Items, nil
 }
 
+// errPageTooLarge says a page of whole objects would not fit the budget.
+var errPageTooLarge = errors.New("a page of whole objects is larger than the budget has left")
+
+// maxWholePageRead bounds the answer to one list of whole objects that a
+// pass reads before it gives up and lists fewer.
+const maxWholePageRead = 4 * wholePageBytes
+
+// readWholePage reads one list of whole objects, no more than half of what
+// the budget has left (at most maxWholePageRead): decoding holds the answer
+// and a copy of each object at once. The read is charged to the budget
+// while it lasts, so passes reading at once share it. An answer larger than
+// that is dropped unread (errPageTooLarge), and the caller lists fewer.
+func (mg *migration) readWholePage(ctx context.Context, namespace, token string, limit int64) (data []byte, release func(), err error) {
+	readable := min(maxWholePageRead, (mg.budget()-mg.m.bodyBytes.Load())/2)
+	if readable <= 0 {
+		return nil, nil, fmt.Errorf("%w (nothing left of %d bytes)", errPageTooLarge, mg.budget())
+	}
+	mg.m.bodyBytes.Add(2 * readable)
+	free := func() { mg.m.bodyBytes.Add(-2 * readable) }
+	defer func() {
+		if err != nil {
+			free()
+		}
+	}()
+	req := mg.request(mg.m.Objects.Get(), namespace, "").
+		Param("limit", strconv.FormatInt(limit, 10)).
+		SetHeader("Accept", "application/json")
+	if token != "" {
+		req = req.Param("continue", token)
+	}
+	stream, err := req.Stream(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { _ = stream.Close() }()
+	data, err = io.ReadAll(io.LimitReader(stream, readable+1))
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case int64(len(data)) > readable:
+		return nil, nil, fmt.Errorf("%w: %d objects are more than %d bytes", errPageTooLarge, limit, readable)
+	}
+	return data, free, nil
+}
+
+// budget is what the Migrator's passes may hold of listed objects.
+func (mg *migration) budget() int64 {
+	if mg.m.BodyBytes > 0 {
+		return mg.m.BodyBytes
+	}
+	return DefaultBodyBytes
+}
+
 // holdBodies charges a page's bodies to the Migrator's budget, or drops
 // them (the page is patched) when they do not fit.
 func (mg *migration) holdBodies(ctx context.Context, pg *page) {
@@ -117,11 +183,7 @@ func (mg *migration) holdBodies(ctx context.Context, pg *page) {
 	for _, b := range pg.bodies {
 		size += int64(len(b))
 	}
-	budget := mg.m.BodyBytes
-	if budget == 0 {
-		budget = DefaultBodyBytes
-	}
-	if mg.m.bodyBytes.Add(size) > budget {
+	if mg.m.bodyBytes.Add(size) > mg.budget() {
 		mg.m.bodyBytes.Add(-size)
 		pg.bodies = nil
 		klog.FromContext(ctx).V(1).Info("Listed objects held by passes are at their budget; patching this page", "objects", len(pg.items), "bytes", size)

@@ -62,6 +62,9 @@ manager.
 {{- with .Values.concurrency }}
 - --concurrency={{ . }}
 {{- end }}
+{{- with .Values.maxConcurrentPasses }}
+- --max-concurrent-passes={{ . }}
+{{- end }}
 {{- with .Values.pageSize }}
 - --page-size={{ . }}
 {{- end }}
