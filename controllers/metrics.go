@@ -23,6 +23,10 @@ var (
 		Name: "restow_pass_concurrency",
 		Help: "The pace of the pass under way: how many rewrites it may have in flight now, below --concurrency or spec.concurrency (0 when none runs).",
 	}, []string{"resource"})
+	passesRunning = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "restow_passes_running",
+		Help: "Passes that list and rewrite now, over every resource: at most --max-concurrent-passes; the others wait for one to end.",
+	})
 	passesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "restow_passes_total",
 		Help: "Migration passes that ended, by result: succeeded, stalled, transient (paused, resumes later), restarted (the CRD or spec changed).",
@@ -45,7 +49,7 @@ var (
 func init() {
 	info := version.Get()
 	buildInfo.WithLabelValues(info.Version, info.GitCommit, info.GoVersion).Set(1)
-	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesTotal, passDuration, storedVersionsPrunes, buildInfo)
+	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesRunning, passesTotal, passDuration, storedVersionsPrunes, buildInfo)
 }
 
 // countObjects adds what a pass did since the counts last reported.

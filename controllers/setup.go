@@ -50,6 +50,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return err
 	}
 	m.LagBound, m.AssumeSeveral, m.MaxPasses = opts.LagBound, opts.AssumeSeveral, opts.MaxPasses
+	m.SlotsChanged = func(running int) { passesRunning.Set(float64(running)) }
 	recorder := mgr.GetEventRecorder("restow")
 	migrations := &StorageMigrationReconciler{
 		Client:           mgr.GetClient(),

@@ -63,7 +63,10 @@ type Migrator struct {
 	// out the lag bound or the settle window takes no slot); others wait
 	// for one. Zero means DefaultMaxPasses.
 	MaxPasses int
-	slotsOnce sync.Once
+	// SlotsChanged, if set, is told how many passes list and rewrite now,
+	// whenever that changes (for a metric).
+	SlotsChanged func(running int)
+	slotsOnce    sync.Once
 	slots     chan struct{}
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
 	// and Objects' requests, so passes slow down at once (pace.go).
@@ -91,9 +94,19 @@ func (m *Migrator) passSlot(ctx context.Context) (func(), error) {
 	slots := m.passSlots()
 	select {
 	case slots <- struct{}{}:
-		return func() { <-slots }, nil
+		m.slotsChanged(slots)
+		return func() {
+			<-slots
+			m.slotsChanged(slots)
+		}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+func (m *Migrator) slotsChanged(slots chan struct{}) {
+	if m.SlotsChanged != nil {
+		m.SlotsChanged(len(slots))
 	}
 }
 
