@@ -183,10 +183,10 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 
 // statusRefused reports whether the API server refused a status write for
 // good: any 4xx but a conflict (the object changed: the next reconcile reads
-// it anew), a missing object and a 429.
+// it anew), a missing object, a 429 and a 401 (credentials rotating).
 func statusRefused(err error) bool {
 	var status apierrors.APIStatus
-	if err == nil || !errors.As(err, &status) || apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsTooManyRequests(err) {
+	if err == nil || !errors.As(err, &status) || apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsTooManyRequests(err) || apierrors.IsUnauthorized(err) {
 		return false
 	}
 	code := status.Status().Code

@@ -144,30 +144,58 @@ var valueMarkers = []string{"Invalid value: ", "Unsupported value: ", "Duplicate
 const withheld = "(value withheld)"
 
 // withholdValues replaces the values of field errors in msg with withheld,
-// keeping the field and the detail.
+// keeping the fields and the details: the value after each marker, and,
+// from the first marker on, every double-quoted string, since a detail may
+// quote the value again (OpenAPI's format errors: `must be of type email:
+// "..."`) and a value printed as Go syntax quotes the strings in it. The
+// object's name before the first marker is kept.
 func withholdValues(msg string) string {
+	first := -1
+	for _, m := range valueMarkers {
+		if i := strings.Index(msg, m); i >= 0 && (first < 0 || i < first) {
+			first = i
+		}
+	}
+	if first < 0 {
+		return msg
+	}
 	var b strings.Builder
-	for {
-		at, marker := -1, ""
-		for _, m := range valueMarkers {
-			if i := strings.Index(msg, m); i >= 0 && (at < 0 || i < at) {
-				at, marker = i, m
+	b.WriteString(msg[:first])
+	rest := msg[first:]
+	for rest != "" {
+		if marker, ok := valueMarkerAt(rest); ok {
+			b.WriteString(marker)
+			b.WriteString(withheld)
+			rest = afterValue(rest[len(marker):])
+			continue
+		}
+		if rest[0] == '"' {
+			if quoted, err := strconv.QuotedPrefix(rest); err == nil {
+				b.WriteString(withheld)
+				rest = rest[len(quoted):]
+				continue
 			}
 		}
-		if at < 0 {
-			b.WriteString(msg)
-			return b.String()
-		}
-		b.WriteString(msg[:at+len(marker)])
-		b.WriteString(withheld)
-		msg = afterValue(msg[at+len(marker):])
+		b.WriteByte(rest[0])
+		rest = rest[1:]
 	}
+	return b.String()
+}
+
+func valueMarkerAt(s string) (string, bool) {
+	for _, m := range valueMarkers {
+		if strings.HasPrefix(s, m) {
+			return m, true
+		}
+	}
+	return "", false
 }
 
 // afterValue is what follows the value that s starts with: a string
 // quoted as Go quotes it, or a JSON value (number, bool, null, object,
 // array), as field.Error prints them. Anything else is withheld up to the
-// detail that follows it (": ..."), or to the end.
+// detail that follows it (": ..."), or to the end; the quoted strings in
+// what follows are withheld by the caller.
 func afterValue(s string) string {
 	if quoted, err := strconv.QuotedPrefix(s); err == nil {
 		return s[len(quoted):]

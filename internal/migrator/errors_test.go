@@ -132,13 +132,16 @@ func TestMessageWithholdsValues(t *testing.T) {
 		field.Invalid(field.NewPath("spec", "port"), int64(31337), "out of range"),
 		field.Duplicate(field.NewPath("spec", "keys").Index(1), "dup-key"),
 		field.Required(field.NewPath("spec", "name"), "a name is needed"),
+		field.Invalid(field.NewPath("spec", "email"), "mail-secret", `spec.email in body must be of type email: "mail-secret"`),
+		field.Invalid(field.NewPath("spec", "list"), []any{"list-secret", 1}, "must be empty"),
+		field.Invalid(field.NewPath("spec", "gomap"), struct{ Token string }{"struct-secret"}, "must be empty"),
 	})
 	// Message cuts at 300 bytes; withholdValues is the whole of it.
 	got := withholdValues(invalid.ErrStatus.Message)
 	if len(Message(invalid)) > 300 {
 		t.Errorf("Message returned %d bytes", len(Message(invalid)))
 	}
-	for _, secret := range []string{"hunter2", "s3cr3t", "t0ken", "31337", "dup-key"} {
+	for _, secret := range []string{"hunter2", "s3cr3t", "t0ken", "31337", "dup-key", "mail-secret", "list-secret", "struct-secret"} {
 		if strings.Contains(got, secret) {
 			t.Errorf("Message kept the value %q: %s", secret, got)
 		}

@@ -169,7 +169,12 @@ func (mg *migration) closeWindowAt(ctx context.Context) {
 	// Until it is read, the record of the pass's own writes grows: try
 	// again until it is (settle reads it too, and stops on failure).
 	_ = wait.PollUntilContextCancel(ctx, closeWindowRetry, true, func(ctx context.Context) (bool, error) {
-		return mg.closeWindow(ctx) == nil, nil
+		// One list each time, not retried: a pass that retries shows it.
+		list, _, err := mg.listPage(ctx, "", 1, false)
+		if err == nil {
+			mg.noteWindowEnd(list.ResourceVersion)
+		}
+		return err == nil, nil
 	})
 }
 
@@ -200,12 +205,17 @@ func (mg *migration) closeWindow(ctx context.Context) error {
 	if err != nil {
 		return mg.passError("reading the resourceVersion at the end of the settle window of", err)
 	}
+	mg.noteWindowEnd(list.ResourceVersion)
+	return nil
+}
+
+// noteWindowEnd keeps the first resourceVersion read after the settle window.
+func (mg *migration) noteWindowEnd(resourceVersion string) {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
 	if mg.cp.WindowEnd == "" {
-		mg.cp.WindowEnd = list.ResourceVersion
+		mg.cp.WindowEnd = resourceVersion
 	}
-	return nil
 }
 
 // noteListSnapshot keeps the resourceVersion of the first pass's list.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 )
@@ -100,24 +101,34 @@ type probeResult struct {
 // probe lists one object's metadata, through the storage version, from the
 // first key at or after start.
 func (iso *isolation) probe(ctx context.Context, start string) (probeResult, error) {
-	if iso.probes++; iso.probes > maxIsolationProbes {
-		return probeResult{}, errors.New("too many lists")
+	for attempt := 0; ; attempt++ {
+		if iso.probes++; iso.probes > maxIsolationProbes {
+			return probeResult{}, errors.New("too many lists")
+		}
+		list, err := iso.mg.resource.List(ctx, metav1.ListOptions{Limit: 1, Continue: encodeContinue(cleanStart(start), iso.rv)})
+		switch {
+		case err == nil:
+			if len(list.Items) == 0 {
+				return probeResult{}, nil
+			}
+			iso.converted = true
+			r := probeResult{item: &list.Items[0], atOrAfter: 1, next: list.Continue}
+			if list.RemainingItemCount != nil {
+				r.atOrAfter += *list.RemainingItemCount
+			}
+			return r, nil
+		case apierrors.IsInternalError(err):
+			// What an object that cannot be converted or decoded answers.
+			return probeResult{failed: true}, nil
+		case classify(err) != transient || attempt >= 3:
+			// Overload or a connection that fails again and again, a
+			// refused or expired token: no answer about the object.
+			return probeResult{}, err
+		}
+		if err := sleepUntil(ctx, time.Now().Add(time.Duration(100<<attempt)*time.Millisecond)); err != nil {
+			return probeResult{}, err
+		}
 	}
-	list, err := iso.mg.resource.List(ctx, metav1.ListOptions{Limit: 1, Continue: encodeContinue(cleanStart(start), iso.rv)})
-	switch {
-	case err != nil && classify(err) == transient:
-		return probeResult{failed: true}, nil
-	case err != nil:
-		return probeResult{}, err
-	case len(list.Items) == 0:
-		return probeResult{}, nil
-	}
-	iso.converted = true
-	r := probeResult{item: &list.Items[0], atOrAfter: 1, next: list.Continue}
-	if list.RemainingItemCount != nil {
-		r.atOrAfter += *list.RemainingItemCount
-	}
-	return r, nil
 }
 
 // cleanStart makes start a key the API server takes: it refuses a start key
@@ -135,25 +146,41 @@ func cleanStart(start string) string {
 	return start[:len(start)-1] + "0"
 }
 
+// errNothingToIsolate says the first object after the page's start lists:
+// the page failed for another cause than one object (its size).
+var errNothingToIsolate = errors.New("the first object after the page's start lists")
+
 // isolate lists past the object that fails the page from token, returning
 // the pages that replace it: the objects before it, and it alone as failed.
-// before is how many objects the list had left at token, if known.
+// before is how many objects the list had left at token, if known. When the
+// snapshot it lists at was compacted meanwhile, it starts again at a
+// snapshot of now.
 func (mg *migration) isolate(ctx context.Context, token string, limit int64, listErr error, before *int64) ([]page, error) {
-	log := klog.FromContext(ctx)
-	iso := &isolation{mg: mg, listErr: listErr}
-	lo := "\x00"
+	lo, rv := "\x00", int64(0)
 	if token != "" {
 		c, err := decodeContinue(token)
 		if err != nil {
 			return nil, err
 		}
-		lo, iso.rv = c.StartKey, c.ResourceVersion
-	} else {
-		rv, err := mg.currentResourceVersion(ctx)
+		lo, rv = c.StartKey, c.ResourceVersion
+	}
+	pages, err := mg.isolateAt(ctx, lo, rv, limit, listErr, before)
+	if apierrors.IsResourceExpired(err) {
+		klog.FromContext(ctx).V(1).Info("The snapshot of the list was compacted; isolating at a snapshot of now")
+		pages, err = mg.isolateAt(ctx, lo, 0, limit, listErr, nil)
+	}
+	return pages, err
+}
+
+// isolateAt isolates from the key lo at the snapshot rv (0: now).
+func (mg *migration) isolateAt(ctx context.Context, lo string, rv, limit int64, listErr error, before *int64) ([]page, error) {
+	iso := &isolation{mg: mg, listErr: listErr, rv: rv}
+	if rv == 0 {
+		current, err := mg.currentResourceVersion(ctx)
 		if err != nil {
 			return nil, err
 		}
-		iso.rv = rv
+		iso.rv = current
 	}
 	var pages []page
 	// The longest prefix of the page that lists.
@@ -161,11 +188,11 @@ func (mg *migration) isolate(ctx context.Context, token string, limit int64, lis
 	var prefix *metav1.PartialObjectMetadataList
 	for bad-good > 1 {
 		mid := (good + bad) / 2
-		list, err := mg.resource.List(ctx, metav1.ListOptions{Limit: mid, Continue: token})
+		list, err := mg.resource.List(ctx, metav1.ListOptions{Limit: mid, Continue: encodeContinue(cleanStart(lo), iso.rv)})
 		switch {
 		case err == nil:
 			good, prefix = mid, list
-		case classify(err) == transient:
+		case apierrors.IsInternalError(err):
 			bad = mid
 		default:
 			return nil, err
@@ -187,11 +214,18 @@ func (mg *migration) isolate(ctx context.Context, token string, limit int64, lis
 	}
 
 	key, after, err := iso.boundary(ctx, lo)
-	if err != nil {
+	switch {
+	case errors.Is(err, errNothingToIsolate) && len(pages) > 0:
+		// The page failed for its size: the part that lists is progress.
+		return pages, nil
+	case err != nil:
 		return nil, err
-	}
-	if !iso.converted {
+	case !iso.converted:
 		return nil, errors.New("no object listed: the API server fails them all")
+	}
+	// Once more, so a failure that passed is not taken for the object's.
+	if again, err := iso.probe(ctx, key); err != nil || !again.failed {
+		return nil, errors.Join(fmt.Errorf("the object at key %q lists on a second look", key), err)
 	}
 	failed := page{items: []metav1.PartialObjectMetadata{{ObjectMeta: keyMeta(key, mg.target.Namespaced)}}, listed: time.Now(), resourceVersion: strconv.FormatInt(iso.rv, 10)}
 	note := "passed over: no served version lists it, so it was found by its key"
@@ -208,7 +242,7 @@ func (mg *migration) isolate(ctx context.Context, token string, limit int64, lis
 		failed.next = encodeContinue(key+"\x00", iso.rv)
 		failed.remaining = &after.atOrAfter
 	}
-	log.Info("Isolated an object that no served version lists; passing over it", "key", key, "lists", iso.probes, "error", Message(listErr))
+	klog.FromContext(ctx).Info("Isolated an object that no served version lists; passing over it", "key", key, "lists", iso.probes, "error", Message(listErr))
 	return append(pages, failed), nil
 }
 
@@ -217,8 +251,11 @@ func (mg *migration) isolate(ctx context.Context, token string, limit int64, lis
 // (lo) and one that lists (keyHigh) one character at a time. It returns the
 // probe from just after that key.
 func (iso *isolation) boundary(ctx context.Context, lo string) (string, probeResult, error) {
-	if r, err := iso.probe(ctx, lo); err != nil || !r.failed {
-		return "", probeResult{}, errors.Join(errors.New("the first object after the page's start lists"), err)
+	switch r, err := iso.probe(ctx, lo); {
+	case err != nil:
+		return "", probeResult{}, err
+	case !r.failed:
+		return "", probeResult{}, errNothingToIsolate
 	}
 	high, err := iso.probe(ctx, keyHigh)
 	if err != nil || high.failed {

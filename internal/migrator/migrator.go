@@ -121,6 +121,20 @@ func (m *Migrator) passSlots() chan struct{} {
 	return m.slots
 }
 
+// charge adds n to what the passes hold of listed objects, unless that
+// would pass budget.
+func (m *Migrator) charge(n, budget int64) bool {
+	for {
+		held := m.bodyBytes.Load()
+		if held+n > budget {
+			return false
+		}
+		if m.bodyBytes.CompareAndSwap(held, held+n) {
+			return true
+		}
+	}
+}
+
 // slotsBusy reports whether every pass slot is taken now.
 func (m *Migrator) slotsBusy() bool {
 	slots := m.passSlots()

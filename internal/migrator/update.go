@@ -130,21 +130,17 @@ var errPageTooLarge = errors.New("a page of whole objects is larger than the bud
 // pass reads before it gives up and lists fewer.
 const maxWholePageRead = 4 * wholePageBytes
 
-// readWholePage reads one list of whole objects, no more than half of what
-// the budget has left (at most maxWholePageRead): decoding holds the answer
-// and a copy of each object at once. The read is charged to the budget
-// while it lasts, so passes reading at once share it. An answer larger than
-// that is dropped unread (errPageTooLarge), and the caller lists fewer.
+// readWholePage reads one list of whole objects, at most maxWholePageRead
+// bytes, charging the budget twice what it reads as it reads (decoding
+// holds the answer and a copy of each object at once), so passes reading at
+// once share it. An answer that does not fit is dropped unread
+// (errPageTooLarge), and the caller lists fewer. release gives the charge
+// back, once the page is decoded.
 func (mg *migration) readWholePage(ctx context.Context, namespace, token string, limit int64) (data []byte, release func(), err error) {
-	readable := min(maxWholePageRead, (mg.budget()-mg.m.bodyBytes.Load())/2)
-	if readable <= 0 {
-		return nil, nil, fmt.Errorf("%w (nothing left of %d bytes)", errPageTooLarge, mg.budget())
-	}
-	mg.m.bodyBytes.Add(2 * readable)
-	free := func() { mg.m.bodyBytes.Add(-2 * readable) }
+	reader := &chargedReader{mg: mg, most: maxWholePageRead}
 	defer func() {
 		if err != nil {
-			free()
+			reader.release()
 		}
 	}()
 	req := mg.request(mg.m.Objects.Get(), namespace, "").
@@ -158,14 +154,41 @@ func (mg *migration) readWholePage(ctx context.Context, namespace, token string,
 		return nil, nil, err
 	}
 	defer func() { _ = stream.Close() }()
-	data, err = io.ReadAll(io.LimitReader(stream, readable+1))
-	switch {
-	case err != nil:
-		return nil, nil, err
-	case int64(len(data)) > readable:
-		return nil, nil, fmt.Errorf("%w: %d objects are more than %d bytes", errPageTooLarge, limit, readable)
+	reader.r = stream
+	data, err = io.ReadAll(reader)
+	if errors.Is(err, errPageTooLarge) {
+		return nil, nil, fmt.Errorf("%w: %d objects are more than %d bytes, or than the budget has left", errPageTooLarge, limit, reader.read)
 	}
-	return data, free, nil
+	if err != nil {
+		return nil, nil, err
+	}
+	return data, reader.release, nil
+}
+
+// chargedReader reads a list's answer, charging the Migrator's budget for
+// every byte read, twice.
+type chargedReader struct {
+	r    io.Reader
+	mg   *migration
+	most int64
+	read int64
+}
+
+func (c *chargedReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		if c.read+int64(n) > c.most || !c.mg.m.charge(2*int64(n), c.mg.budget()) {
+			return 0, errPageTooLarge
+		}
+		c.read += int64(n)
+	}
+	return n, err
+}
+
+// release gives back what was read, once.
+func (c *chargedReader) release() {
+	c.mg.m.bodyBytes.Add(-2 * c.read)
+	c.read = 0
 }
 
 // budget is what the Migrator's passes may hold of listed objects.
@@ -245,6 +268,13 @@ func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetada
 		mg.pace.cancel()
 		return false, errBodyStale
 	}
+	// The body must reach the API server while it is fresh: client-go's
+	// rate limiter and the API server's Priority and Fairness queue may hold
+	// the request too, so it is given up when the body gets too old. One
+	// the API server already took counts as changed by someone else (the
+	// patch that follows answers 409), and is re-checked.
+	putCtx, cancel := context.WithDeadline(ctx, listed.Add(maxBodyAge))
+	defer cancel()
 	start := mg.pace.now()
 	data, err := answer(mg.request(mg.m.Objects.Put(), obj.Namespace, obj.Name).
 		MaxRetries(0).
@@ -252,7 +282,11 @@ func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetada
 		SetHeader("Content-Type", "application/json").
 		SetHeader("Accept", metadataAccept).
 		Body([]byte(body)).
-		Do(ctx))
+		Do(putCtx))
+	if err != nil && ctx.Err() == nil && putCtx.Err() != nil {
+		mg.pace.cancel()
+		return false, errBodyStale
+	}
 	mg.pace.release(start, err)
 	if err != nil {
 		return false, err
