@@ -9,10 +9,8 @@ import (
 	"testing"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"sigs.k8s.io/yaml"
 
 	"github.com/restow/restow/internal/doccheck"
 	"github.com/restow/restow/internal/testenv"
@@ -60,36 +58,13 @@ func assertOneLine(t *testing.T, stderr string, code, wantCode int, want string)
 	}
 }
 
-// sizeBounds reads the bounds of spec.concurrency and spec.pageSize from
-// the StorageMigration CRD: --concurrency and --page-size stand in for them.
-func sizeBounds(t *testing.T) (concurrency, pageSize [2]int64) {
-	t.Helper()
-	raw, err := os.ReadFile("../../config/crd/bases/migration.restow.dev_storagemigrations.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var crd apiextensionsv1.CustomResourceDefinition
-	if err := yaml.Unmarshal(raw, &crd); err != nil {
-		t.Fatal(err)
-	}
-	spec := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"]
-	bounds := func(field string) [2]int64 {
-		p := spec.Properties[field]
-		if p.Minimum == nil || p.Maximum == nil {
-			t.Fatalf("spec.%s has no minimum or maximum", field)
-		}
-		return [2]int64{int64(*p.Minimum), int64(*p.Maximum)}
-	}
-	return bounds("concurrency"), bounds("pageSize")
-}
-
 // TestBadFlags: every flag given a value the manager does not take, an
 // unknown flag or an argument ends the manager with exit 2 and one line on
 // stderr naming the flag, before it reads the kubeconfig: each run names a
 // kubeconfig file that does not exist, which the manager would report
 // instead had it got that far.
 func TestBadFlags(t *testing.T) {
-	concurrency, pageSize := sizeBounds(t)
+	concurrency, pageSize := testenv.SpecSizeBounds(t)
 	if concurrency != [2]int64{1, maxConcurrency} || pageSize != [2]int64{1, maxPageSize} {
 		t.Errorf("spec.concurrency is %v and spec.pageSize %v in the CRD; --concurrency takes 1 to %d and --page-size 1 to %d", concurrency, pageSize, maxConcurrency, maxPageSize)
 	}

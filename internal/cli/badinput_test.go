@@ -9,14 +9,13 @@ import (
 	"sync"
 	"testing"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/yaml"
 
 	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/testenv"
 )
 
 // execute runs kubectl-restow with args and nothing else (no kubeconfig
@@ -67,30 +66,6 @@ func badTokenKubeconfig(t *testing.T) string {
 	return path
 }
 
-// sizeBounds reads the bounds of spec.concurrency and spec.pageSize from
-// the StorageMigration CRD, which run's --concurrency and --page-size
-// share.
-func sizeBounds(t *testing.T) (concurrency, pageSize [2]int64) {
-	t.Helper()
-	raw, err := os.ReadFile("../../config/crd/bases/migration.restow.dev_storagemigrations.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var crd apiextensionsv1.CustomResourceDefinition
-	if err := yaml.Unmarshal(raw, &crd); err != nil {
-		t.Fatal(err)
-	}
-	spec := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"]
-	bounds := func(field string) [2]int64 {
-		p := spec.Properties[field]
-		if p.Minimum == nil || p.Maximum == nil {
-			t.Fatalf("spec.%s has no minimum or maximum", field)
-		}
-		return [2]int64{int64(*p.Minimum), int64(*p.Maximum)}
-	}
-	return bounds("concurrency"), bounds("pageSize")
-}
-
 // assertOneLine checks that a failed command exited 1, as docs/cli.md
 // says of every error but a pass's outcome, printed nothing on stdout, and
 // said why in exactly one line naming want.
@@ -116,7 +91,7 @@ func assertOneLine(t *testing.T, stdout, stderr string, code int, want string) {
 // kubeconfig names an API server that does not answer, so a command that
 // reached for it would say so instead.
 func TestBadFlagValues(t *testing.T) {
-	concurrency, pageSize := sizeBounds(t)
+	concurrency, pageSize := testenv.SpecSizeBounds(t)
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
 	tests := []struct {
 		args []string

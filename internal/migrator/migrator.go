@@ -67,7 +67,7 @@ type Migrator struct {
 	// whenever that changes (for a metric).
 	SlotsChanged func(running int)
 	slotsOnce    sync.Once
-	slots     chan struct{}
+	slots        chan struct{}
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
 	// and Objects' requests, so passes slow down at once (pace.go).
 	Throttle *Throttle
