@@ -151,6 +151,9 @@ func TestUnconvertibleWithOldVersionUnserved(t *testing.T) {
 	fx.CreateObjects(t, "v1beta1", n, func(i int) map[string]any { return map[string]any{"n": int64(i)} }, "m-0", "m-1")
 	refused := []string{"obj-00000", "obj-00250", "obj-00401", "obj-00403"}
 	hook.Refuse(true, refused...)
+	// Deleting the CRD at the end deletes its objects, which needs them
+	// converted: a test that fails early must not hang there.
+	t.Cleanup(func() { hook.Refuse(false, refused...) })
 	fx.SwitchStorage(t, "v1")
 	ctx := t.Context()
 	if err := env.UpdateCRD(ctx, fx.CRDName(), func(crd *apiextensionsv1.CustomResourceDefinition) {

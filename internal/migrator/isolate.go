@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"path"
 	"strconv"
 	"strings"
@@ -117,8 +118,7 @@ func (iso *isolation) probe(ctx context.Context, start string) (probeResult, err
 				r.atOrAfter += *list.RemainingItemCount
 			}
 			return r, nil
-		case apierrors.IsInternalError(err):
-			// What an object that cannot be converted or decoded answers.
+		case objectFails(err):
 			return probeResult{failed: true}, nil
 		case classify(err) != transient || attempt >= 3:
 			// Overload or a connection that fails again and again, a
@@ -192,7 +192,7 @@ func (mg *migration) isolateAt(ctx context.Context, lo string, rv, limit int64, 
 		switch {
 		case err == nil:
 			good, prefix = mid, list
-		case apierrors.IsInternalError(err):
+		case objectFails(err):
 			bad = mid
 		default:
 			return nil, err
@@ -303,6 +303,15 @@ func (iso *isolation) boundary(ctx context.Context, lo string) (string, probeRes
 		// Nothing between at position k: look further along low's branch.
 		highKey = low[:k+1] + keyHigh
 	}
+}
+
+// objectFails reports whether a list's error is what an object that cannot
+// be converted or decoded answers: a 500 (the API server's "corrupt object"
+// or the conversion webhook's failure), not overload (429, 503, 504) or a
+// connection that failed.
+func objectFails(err error) bool {
+	var status apierrors.APIStatus
+	return errors.As(err, &status) && status.Status().Code == http.StatusInternalServerError
 }
 
 func commonPrefixLen(a, b string) int {
