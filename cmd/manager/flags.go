@@ -131,9 +131,9 @@ func parse(args []string, stdout io.Writer) (*options, error) {
 // API server, and returns the parsed --auto-migrate-selector.
 func (o *options) validate() (labels.Selector, error) {
 	checks := []func() error{
-		func() error { return between("concurrency", int64(o.concurrency), 1, maxConcurrency) },
-		func() error { return between("page-size", o.pageSize, 1, maxPageSize) },
-		func() error { return between("max-concurrent-passes", int64(o.maxPasses), 1, maxPasses) },
+		func() error { return between("concurrency", int64(o.concurrency), maxConcurrency) },
+		func() error { return between("page-size", o.pageSize, maxPageSize) },
+		func() error { return between("max-concurrent-passes", int64(o.maxPasses), maxPasses) },
 		func() error { return positive("status-interval", o.statusInterval, "") },
 		func() error {
 			return positive("settle-window", o.settleWindow, " (at least twice the API server's --request-timeout)")
@@ -152,7 +152,7 @@ func (o *options) validate() (labels.Selector, error) {
 			}
 			return nil
 		},
-		func() error { return between("kube-api-burst", int64(o.burst), 1, math.MaxInt32) },
+		func() error { return between("kube-api-burst", int64(o.burst), math.MaxInt32) },
 		func() error { return positive("leader-election-lease-duration", o.leaseDuration, "") },
 		func() error { return positive("leader-election-renew-deadline", o.renewDeadline, "") },
 		func() error { return positive("leader-election-retry-period", o.retryPeriod, "") },
@@ -198,12 +198,13 @@ func (o *options) validate() (labels.Selector, error) {
 	return selector, nil
 }
 
-func between(name string, v, least, most int64) error {
-	if v < least || v > most {
+// between checks that a count flag is at least 1 and at most most.
+func between(name string, v, most int64) error {
+	if v < 1 || v > most {
 		if most == math.MaxInt32 {
-			return usagef("--%s must be at least %d, got %d", name, least, v)
+			return usagef("--%s must be at least 1, got %d", name, v)
 		}
-		return usagef("--%s must be between %d and %d, got %d", name, least, most, v)
+		return usagef("--%s must be between 1 and %d, got %d", name, most, v)
 	}
 	return nil
 }
