@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -177,9 +176,9 @@ func TestBadFlagValues(t *testing.T) {
 
 // klogOutput sends klog's lines, which client-go writes on the process's
 // stderr, to a buffer for the rest of the test.
-func klogOutput(t *testing.T) *lockedBuffer {
+func klogOutput(t *testing.T) *testenv.LockedBuffer {
 	t.Helper()
-	buf := &lockedBuffer{}
+	buf := &testenv.LockedBuffer{}
 	klog.LogToStderr(false)
 	klog.SetOutput(buf)
 	t.Cleanup(func() {
@@ -187,23 +186,6 @@ func klogOutput(t *testing.T) *lockedBuffer {
 		klog.LogToStderr(true)
 	})
 	return buf
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestNoAccessAndUnknownResource, against the test control plane: an

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/restow/restow/internal/controlplane"
+	"github.com/restow/restow/internal/testenv"
 )
 
 // Package is the manager's import path, built by Build.
@@ -73,7 +74,7 @@ type Process struct {
 	MetricsURL, ProbeURL string
 
 	cmd  *exec.Cmd
-	logs *lockedBuffer
+	logs *testenv.LockedBuffer
 	done chan struct{}
 	err  error
 }
@@ -106,7 +107,7 @@ func StartProcess(tb testing.TB, opts ProcessOptions) *Process {
 		Name:       opts.Name,
 		MetricsURL: "http://127.0.0.1:" + ports[0] + "/metrics",
 		ProbeURL:   "http://127.0.0.1:" + ports[1],
-		logs:       &lockedBuffer{},
+		logs:       &testenv.LockedBuffer{},
 		done:       make(chan struct{}),
 	}
 	args := append([]string{
@@ -289,24 +290,6 @@ func freePorts(n int) ([]string, error) {
 		ports = append(ports, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
 	}
 	return ports, nil
-}
-
-// lockedBuffer collects a process's output safely for concurrent reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // SumSamples sums the samples of a metric family whose labels include match:
