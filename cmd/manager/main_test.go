@@ -50,12 +50,7 @@ func assertOneLine(t *testing.T, stderr string, code, wantCode int, want string)
 	if code != wantCode {
 		t.Errorf("exit code %d, want %d", code, wantCode)
 	}
-	if lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n"); len(lines) != 1 || !strings.HasPrefix(stderr, "error: ") {
-		t.Errorf("stderr is %d lines, want one line starting with \"error: \": %q", len(lines), stderr)
-	}
-	if !strings.Contains(stderr, want) {
-		t.Errorf("stderr %q does not name %q", stderr, want)
-	}
+	testenv.AssertOneErrorLine(t, stderr, want)
 }
 
 // TestBadFlags: every flag given a value the manager does not take, an

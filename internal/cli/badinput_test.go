@@ -76,12 +76,7 @@ func assertOneLine(t *testing.T, stdout, stderr string, code int, want string) {
 	if stdout != "" {
 		t.Errorf("stdout %q, want nothing", stdout)
 	}
-	if lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n"); len(lines) != 1 || !strings.HasPrefix(stderr, "error: ") {
-		t.Errorf("stderr is %d lines, want one line starting with \"error: \": %q", len(lines), stderr)
-	}
-	if !strings.Contains(stderr, want) {
-		t.Errorf("stderr %q does not name %q", stderr, want)
-	}
+	testenv.AssertOneErrorLine(t, stderr, want)
 }
 
 // TestBadFlagValues: every command given a flag value it does not take, a

@@ -1005,19 +1005,19 @@ func (mg *migration) retryTransient(ctx context.Context, fn func() error) error 
 // setWaitingForSlot says whether the pass waits for one of the passes
 // that run at once to end (Migrator.MaxPasses).
 func (mg *migration) setWaitingForSlot(waiting bool) {
-	mg.mu.Lock()
-	changed := mg.waitingForSlot != waiting
-	mg.waitingForSlot = waiting
-	mg.mu.Unlock()
-	if changed {
-		mg.report()
-	}
+	setReported(mg, &mg.waitingForSlot, waiting)
 }
 
 func (mg *migration) setRetrying(msg string) {
+	setReported(mg, &mg.retryingMsg, msg)
+}
+
+// setReported sets a field of mg's progress under its lock, and reports the
+// progress when the value changed.
+func setReported[T comparable](mg *migration, field *T, value T) {
 	mg.mu.Lock()
-	changed := mg.retryingMsg != msg
-	mg.retryingMsg = msg
+	changed := *field != value
+	*field = value
 	mg.mu.Unlock()
 	if changed {
 		mg.report()

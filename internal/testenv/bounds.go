@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -33,4 +34,16 @@ func SpecSizeBounds(tb testing.TB) (concurrency, pageSize [2]int64) {
 		return [2]int64{int64(*p.Minimum), int64(*p.Maximum)}
 	}
 	return bounds("concurrency"), bounds("pageSize")
+}
+
+// AssertOneErrorLine checks what a command that refused its input printed
+// on stderr: one line starting with "error: " that names want.
+func AssertOneErrorLine(tb testing.TB, stderr, want string) {
+	tb.Helper()
+	if lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n"); len(lines) != 1 || !strings.HasPrefix(stderr, "error: ") {
+		tb.Errorf("stderr is %d lines, want one line starting with \"error: \": %q", len(lines), stderr)
+	}
+	if !strings.Contains(stderr, want) {
+		tb.Errorf("stderr %q does not name %q", stderr, want)
+	}
 }
