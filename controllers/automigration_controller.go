@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -24,6 +26,7 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/storedversions"
+	"github.com/restow/restow/internal/svm"
 )
 
 // AutoMigrationReconciler ensures that a StorageMigration exists for every CRD
@@ -43,6 +46,13 @@ type AutoMigrationReconciler struct {
 	// Selector limits automatic migration to the CRDs whose labels match;
 	// nil selects every CRD.
 	Selector labels.Selector
+	// Standard, when set, holds the standard StorageVersionMigrations: the
+	// trigger leaves a resource that one of them is migrating to it.
+	Standard *StandardMigrations
+
+	// heldBack remembers, per CRD, the StorageVersionMigration the trigger
+	// last said it held back for, so the event is sent once.
+	heldBack sync.Map
 }
 
 // +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations,verbs=get;list;watch;create;delete
@@ -57,7 +67,7 @@ func (r *AutoMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Selector == nil {
 		r.Selector = labels.Everything()
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("automigration").
 		For(&apiextensionsv1.CustomResourceDefinition{}, builder.OnlyMetadata, builder.WithPredicates(predicate.NewPredicateFuncs(r.mayMigrate))).
 		Watches(&migrationv1alpha1.StorageMigration{},
@@ -67,8 +77,14 @@ func (r *AutoMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			builder.WithPredicates(predicate.Funcs{
 				UpdateFunc:  func(event.UpdateEvent) bool { return false },
 				GenericFunc: func(event.GenericEvent) bool { return false },
-			})).
-		Complete(r)
+			}))
+	if r.Standard != nil {
+		// A standard migration that starts or ends may change the decision.
+		b = b.Watches(svm.New(r.Standard.Version), handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: standardResource(o).String()}}}
+		}))
+	}
+	return b.Complete(r)
 }
 
 // mayMigrate filters CRD events on metadata, sparing a live read of CRDs that
@@ -100,11 +116,24 @@ func (r *AutoMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		}
 	}
 
-	d := decideAutoMigration(crd, r.Selector, covering)
+	standard, err := r.Standard.active(ctx, schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural})
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	d := decideAutoMigration(crd, r.Selector, covering, standard)
 	log := ctrl.LoggerFrom(ctx)
+	if d.action != autoHoldBack {
+		r.heldBack.Delete(crd.Name)
+	}
 	switch d.action {
 	case autoCreate:
 		return ctrl.Result{}, r.create(ctx, crd)
+	case autoHoldBack:
+		if said, _ := r.heldBack.Swap(crd.Name, standard.Name); said != standard.Name {
+			log.Info("Holding back the automatic StorageMigration", "reason", d.why)
+			r.Recorder.Eventf(crd, nil, corev1.EventTypeNormal, "AutomaticMigrationHeldBack", "AutoMigrate",
+				"Not creating a StorageMigration: %s. restow creates one if that migration ends and status.storedVersions still lists old versions (--defer-to-storage-version-migrations=false migrates regardless)", d.why)
+		}
 	case autoRetire:
 		for _, sm := range d.retire {
 			// A fresh object: sm belongs to the cache and must not be handed to a write.
@@ -172,6 +201,9 @@ const (
 	autoNothing autoAction = iota
 	autoCreate
 	autoRetire
+	// autoHoldBack: a StorageMigration would be created, but a standard
+	// StorageVersionMigration is migrating the resource.
+	autoHoldBack
 )
 
 // autoDecision is what the automatic trigger does for one CRD, and why.
@@ -183,8 +215,10 @@ type autoDecision struct {
 }
 
 // decideAutoMigration decides for a CRD read live, given the
-// StorageMigrations whose resource is the CRD's.
-func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector labels.Selector, covering []*migrationv1alpha1.StorageMigration) autoDecision {
+// StorageMigrations whose resource is the CRD's and the standard
+// StorageVersionMigration that is migrating it, if any (nil when none, or
+// when the trigger does not defer to them).
+func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector labels.Selector, covering []*migrationv1alpha1.StorageMigration, standard *svm.Migration) autoDecision {
 	if !crd.DeletionTimestamp.IsZero() {
 		return autoDecision{why: "the CRD is being deleted"}
 	}
@@ -199,6 +233,8 @@ func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector
 	switch {
 	case len(others) > 0 && len(automatic) > 0:
 		return autoDecision{action: autoRetire, retire: automatic, why: fmt.Sprintf("StorageMigration %s covers the resource", others[0].Name)}
+	case standard != nil && len(automatic) > 0:
+		return autoDecision{action: autoRetire, retire: automatic, why: standardWhy(standard)}
 	case len(covering) > 0:
 		return autoDecision{why: fmt.Sprintf("StorageMigration %s covers the resource", covering[0].Name)}
 	case optedOut(crd):
@@ -210,7 +246,14 @@ func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector
 	case !storedversions.NeedsMigration(crd):
 		return autoDecision{why: "status.storedVersions lists only the storage version"}
 	}
+	if standard != nil {
+		return autoDecision{action: autoHoldBack, why: standardWhy(standard)}
+	}
 	return autoDecision{action: autoCreate, why: fmt.Sprintf("status.storedVersions is %v", crd.Status.StoredVersions)}
+}
+
+func standardWhy(m *svm.Migration) string {
+	return fmt.Sprintf("StorageVersionMigration %s (%s) is migrating the resource", m.Name, m.State)
 }
 
 // isAutomaticFor tells whether restow created sm for crd by itself: it carries

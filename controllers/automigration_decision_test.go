@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/svm"
 )
 
 func TestDecideAutoMigration(t *testing.T) {
@@ -42,12 +43,14 @@ func TestDecideAutoMigration(t *testing.T) {
 		return sm
 	}
 	switched := []string{"v1beta1", "v1"}
+	running := &svm.Migration{Name: "widgets-v1", State: svm.Running}
 	shop := labels.SelectorFromSet(labels.Set{"team": "shop"})
 	tests := []struct {
 		name        string
 		crd         *apiextensionsv1.CustomResourceDefinition
 		selector    labels.Selector
 		covering    []*migrationv1alpha1.StorageMigration
+		standard    *svm.Migration
 		want        autoAction
 		wantRetired []string
 	}{
@@ -81,10 +84,20 @@ func TestDecideAutoMigration(t *testing.T) {
 			covering: []*migrationv1alpha1.StorageMigration{migration("copied", true, "other-uid")}, want: autoNothing},
 		{name: "two user-made migrations: none deleted", crd: crd(switched),
 			covering: []*migrationv1alpha1.StorageMigration{migration("a", false, ""), migration("b", false, uid)}, want: autoNothing},
+		{name: "a standard migration is migrating it: held back", crd: crd(switched), standard: running, want: autoHoldBack},
+		{name: "a standard migration and nothing to migrate", crd: crd([]string{"v1"}), standard: running, want: autoNothing},
+		{name: "a standard migration and opted out", crd: crd(switched, func(c *apiextensionsv1.CustomResourceDefinition) {
+			c.Annotations = map[string]string{migrationv1alpha1.AutoMigrateAnnotation: "false"}
+		}), standard: running, want: autoNothing},
+		{name: "a standard migration: the automatic one retires", crd: crd(switched), standard: running,
+			covering: []*migrationv1alpha1.StorageMigration{migration("widgets.example.com", true, uid)},
+			want:     autoRetire, wantRetired: []string{"widgets.example.com"}},
+		{name: "a standard migration and a user-made one: nothing deleted", crd: crd(switched), standard: running,
+			covering: []*migrationv1alpha1.StorageMigration{migration("mine", false, "")}, want: autoNothing},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := decideAutoMigration(tt.crd, tt.selector, tt.covering)
+			d := decideAutoMigration(tt.crd, tt.selector, tt.covering, tt.standard)
 			if d.action != tt.want {
 				t.Fatalf("action = %d (%s), want %d", d.action, d.why, tt.want)
 			}

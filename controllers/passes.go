@@ -7,6 +7,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -40,8 +41,9 @@ func (p *pass) read() passState {
 	return p.state
 }
 
-// passes keeps the passes under way, one per StorageMigration, wakes the
-// reconciler when one ends, and keeps the backoff of each StorageMigration.
+// passes keeps the passes under way, one per object (a StorageMigration, or
+// a StorageVersionMigration that restow serves), wakes the reconciler when
+// one ends, and keeps the backoff of each object.
 type passes struct {
 	mu      sync.Mutex
 	running map[string]*pass
@@ -92,23 +94,29 @@ func (ps *passes) Start(ctx context.Context) error {
 // NeedLeaderElection is false so that passes outlive the reconcilers on shutdown.
 func (ps *passes) NeedLeaderElection() bool { return false }
 
-// launch runs migrate in the background as the pass of sm, unless the
-// manager is stopping: a reconcile that comes late during shutdown starts
-// nothing. The pass outlives the reconcile that launched it, not the manager.
-func (ps *passes) launch(ctx context.Context, sm *migrationv1alpha1.StorageMigration, p *pass,
+// launch runs migrate in the background as the pass of the object owner
+// (a StorageMigration or a StorageVersionMigration, known by its name),
+// unless the manager is stopping: a reconcile that comes late during
+// shutdown starts nothing. The pass outlives the reconcile that launched it,
+// not the manager. When it ends, owner is sent to the reconciler.
+func (ps *passes) launch(ctx context.Context, owner client.Object, p *pass,
 	migrate func(ctx context.Context, observe migrator.Observer) (migrator.Result, error)) bool {
 	ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	p.generation = sm.Generation
+	p.generation = owner.GetGeneration()
+	name := owner.GetName()
 	ps.mu.Lock()
 	if ps.stopped {
 		ps.mu.Unlock()
 		p.cancel()
 		return false
 	}
-	ps.running[sm.Name] = p
+	ps.running[name] = p
 	ps.goroutines.Add(1)
 	ps.mu.Unlock()
-	wakeObj := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: sm.Name}}
+	wakeObj, ok := owner.DeepCopyObject().(client.Object)
+	if !ok {
+		wakeObj = &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	}
 	go func() {
 		defer ps.goroutines.Done()
 		resource := p.target.Resource.GroupResource().String()

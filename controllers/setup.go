@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/restow/restow/internal/svm"
 )
 
 // Options configure restow's controllers. cmd/manager fills them from flags;
@@ -41,6 +43,12 @@ type Options struct {
 	// AutoMigrateSelector limits the trigger to CRDs whose labels match; nil
 	// selects every CRD.
 	AutoMigrateSelector labels.Selector
+	// DeferToStandard makes the automatic trigger leave a resource that a
+	// standard StorageVersionMigration is migrating to it.
+	DeferToStandard bool
+	// ServeStandard runs restow's controller of standard
+	// StorageVersionMigrations, for clusters where no in-tree one runs.
+	ServeStandard bool
 }
 
 // Setup registers restow's controllers with a manager.
@@ -52,6 +60,19 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	m.LagBound, m.AssumeSeveral, m.MaxPasses = opts.LagBound, opts.AssumeSeveral, opts.MaxPasses
 	m.SlotsChanged = func(running int) { passesRunning.Set(float64(running)) }
 	recorder := mgr.GetEventRecorder("restow")
+	version, err := svm.ServedVersion(m.Discovery)
+	if err != nil {
+		return err
+	}
+	log := ctrl.LoggerFrom(ctx)
+	var standard *StandardMigrations
+	if version != "" {
+		standard = &StandardMigrations{Version: version, Reader: mgr.GetCache(), Served: opts.ServeStandard}
+		log.Info("The cluster serves standard StorageVersionMigrations", "apiVersion", svm.GVK(version).GroupVersion().String(),
+			"serving", opts.ServeStandard, "deferring", opts.DeferToStandard)
+	} else if opts.ServeStandard {
+		log.Error(svm.ErrNotServed, "Not serving StorageVersionMigrations (--serve-storage-version-migrations): enable the API on the API server (Kubernetes 1.35 and later) and restart the manager")
+	}
 	migrations := &StorageMigrationReconciler{
 		Client:           mgr.GetClient(),
 		APIReader:        mgr.GetAPIReader(),
@@ -64,9 +85,30 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		StalledRetryMax:  opts.StalledRetryMax,
 		RetryBackoff:     opts.RetryBackoff,
 		SettleWindow:     opts.SettleWindow,
+		Standard:         standard,
 	}
 	if err := migrations.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
+	}
+	if standard != nil && opts.ServeStandard {
+		served := &StorageVersionMigrationReconciler{
+			Client:           mgr.GetClient(),
+			APIReader:        mgr.GetAPIReader(),
+			Cache:            mgr.GetCache(),
+			Migrator:         m,
+			Recorder:         recorder,
+			Version:          version,
+			Concurrency:      opts.Concurrency,
+			PageSize:         opts.PageSize,
+			StatusInterval:   opts.StatusInterval,
+			RetryBackoff:     opts.RetryBackoff,
+			SettleWindow:     opts.SettleWindow,
+			StalledRetryBase: opts.StalledRetryBase,
+			StalledRetryMax:  opts.StalledRetryMax,
+		}
+		if err := served.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the StorageVersionMigration controller: %w", err)
+		}
 	}
 	if !opts.AutoMigrate {
 		return nil
@@ -76,6 +118,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  recorder,
 		Selector:  opts.AutoMigrateSelector,
+	}
+	if opts.DeferToStandard {
+		auto.Standard = standard
 	}
 	if err := auto.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up automatic migration: %w", err)

@@ -34,6 +34,7 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/svm"
 )
 
 // resourceIndex indexes StorageMigrations by the CRD name of their resource
@@ -76,6 +77,9 @@ type StorageMigrationReconciler struct {
 	// SettleWindow is how long a pass waits after the storage switch before
 	// it re-checks and prunes; zero means migrator.DefaultSettleWindow.
 	SettleWindow time.Duration
+	// Standard, when set, holds the standard StorageVersionMigrations, shown
+	// in status and events beside each StorageMigration of their resource.
+	Standard *StandardMigrations
 
 	passes *passes
 }
@@ -110,12 +114,22 @@ func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr c
 	}); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&migrationv1alpha1.StorageMigration{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, handler.EnqueueRequestsFromMapFunc(r.migrationsForCRD)).
 		WatchesRawSource(source.Channel(r.passes.wake, &handler.EnqueueRequestForObject{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
-		Complete(r)
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4})
+	if r.Standard != nil {
+		b = b.Watches(svm.New(r.Standard.Version), handler.EnqueueRequestsFromMapFunc(r.migrationsForStandard))
+	}
+	return b.Complete(r)
+}
+
+// migrationsForStandard maps a StorageVersionMigration event to the
+// StorageMigrations of its resource.
+func (r *StorageMigrationReconciler) migrationsForStandard(ctx context.Context, o client.Object) []reconcile.Request {
+	gr := standardResource(o)
+	return r.migrationsForCRD(ctx, &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: gr.String()}})
 }
 
 func crdName(sm *migrationv1alpha1.StorageMigration) string {
@@ -176,6 +190,7 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 		out.message += ". A re-run was requested: it starts when this one ends"
 	}
 	r.announceTransition(sm, original, out)
+	r.showStandard(ctx, sm, original)
 	setConditions(&sm.Status, out, sm.Generation)
 	sm.Status.ProgressSummary = progressSummary(&sm.Status)
 	return ctrl.Result{RequeueAfter: requeueAfter}, nil
@@ -213,6 +228,33 @@ func (r *StorageMigrationReconciler) recordStatusRefused(ctx context.Context, sm
 		return nil
 	}
 	return r.Client.Status().Patch(ctx, fallback, client.MergeFrom(original))
+}
+
+// showStandard lists in status the standard StorageVersionMigrations of
+// sm's resource, and records an event for each one that appears or changes
+// state: another migrator is at work on the resource.
+func (r *StorageMigrationReconciler) showStandard(ctx context.Context, sm, original *migrationv1alpha1.StorageMigration) {
+	ms, err := r.Standard.forResource(ctx, schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource})
+	if err != nil {
+		// Shown again on the next reconcile; the migration does not depend on it.
+		ctrl.LoggerFrom(ctx).V(1).Info("Could not list the StorageVersionMigrations of the resource", "error", err.Error())
+		return
+	}
+	sm.Status.StorageVersionMigrations = statusStandard(ms)
+	for _, m := range sm.Status.StorageVersionMigrations {
+		if slices.Contains(original.Status.StorageVersionMigrations, m) {
+			continue
+		}
+		msg := fmt.Sprintf("StorageVersionMigration %s of this resource is %s", m.Name, m.State)
+		switch {
+		case svm.State(m.State).Final():
+		case r.Standard.Served:
+			msg += "; restow serves it with the same safeguards as this StorageMigration"
+		default:
+			msg += "; its controller may prune the CRD's status.storedVersions without restow's settle window or its wait for every API server"
+		}
+		r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "StorageVersionMigration", "Migrate", "%s", msg)
+	}
 }
 
 // announceTransition records an event when the Ready condition's reason

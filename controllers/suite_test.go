@@ -25,7 +25,7 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{CRDDirectoryPaths: []string{"../config/crd/bases"}}, &env)
+	testenv.Main(m, testenv.Options{CRDDirectoryPaths: []string{"../config/crd/bases"}, StorageVersionMigrations: true}, &env)
 }
 
 // startManager runs restow's controllers, without the automatic trigger, in

@@ -124,6 +124,17 @@ type StorageMigrationStatus struct {
 	// +optional
 	FailedObjects []FailedObject `json:"failedObjects,omitempty"`
 
+	// storageVersionMigrations lists up to 10 standard StorageVersionMigrations
+	// (storagemigration.k8s.io) of the same resource, oldest first: another
+	// migrator (the in-tree controller of kube-controller-manager, or restow
+	// when it serves them) may be migrating the resource and pruning its
+	// CRD's status.storedVersions. Absent when the cluster serves no such API
+	// or none targets the resource.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=10
+	// +optional
+	StorageVersionMigrations []StandardMigration `json:"storageVersionMigrations,omitempty"`
+
 	// lastHandledReRunToken is the value of the re-run annotation handled last:
 	// it is recorded when a pass starts for it, or when the migration stalls
 	// before a pass could start. A client that set the annotation waits for
@@ -132,6 +143,20 @@ type StorageMigrationStatus struct {
 	// +kubebuilder:validation:MaxLength=256
 	// +optional
 	LastHandledReRunToken string `json:"lastHandledReRunToken,omitempty"`
+}
+
+// StandardMigration is a standard StorageVersionMigration of a resource.
+type StandardMigration struct {
+	// name is the StorageVersionMigration's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Name string `json:"name"`
+	// state is Pending (no controller has started it), Running, Succeeded
+	// or Failed, from its conditions.
+	// +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed
+	// +required
+	State string `json:"state"`
 }
 
 // ObjectCounts counts the objects of one pass by outcome.

@@ -55,6 +55,8 @@ type options struct {
 	stalledRetryBase     time.Duration
 	stalledRetryMax      time.Duration
 	autoMigrate          bool
+	deferToStandard      bool
+	serveStandard        bool
 	autoMigrateSelector  string
 	printVersion         bool
 }
@@ -94,6 +96,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.statusInterval, "status-interval", 5*time.Second, "How often a running pass writes its progress into status.")
 	fs.DurationVar(&o.stalledRetryBase, "stalled-retry-base", 30*time.Second, "First delay before a Stalled migration is tried again; doubles each time.")
 	fs.BoolVar(&o.autoMigrate, "auto-migrate", true, "Create a StorageMigration for every CRD whose status.storedVersions lists more than its storage version.")
+	fs.BoolVar(&o.deferToStandard, "defer-to-storage-version-migrations", true, "Create no automatic StorageMigration for a resource that a standard StorageVersionMigration (storagemigration.k8s.io) is migrating.")
+	fs.BoolVar(&o.serveStandard, "serve-storage-version-migrations", false, "Act as the controller of standard StorageVersionMigrations, for clusters whose kube-controller-manager runs none; restow leaves alone any that another controller writes.")
 	fs.StringVar(&o.autoMigrateSelector, "auto-migrate-selector", "", `Label selector limiting automatic migration to the CRDs it matches, e.g. "app.kubernetes.io/part-of=shop"; empty selects every CRD.`)
 	fs.DurationVar(&o.stalledRetryMax, "stalled-retry-max", 30*time.Minute, "Longest delay before a Stalled migration is tried again.")
 }
@@ -255,6 +259,8 @@ func run(args []string, stdout io.Writer) error {
 		StalledRetryBase:    opts.stalledRetryBase,
 		StalledRetryMax:     opts.stalledRetryMax,
 		AutoMigrate:         opts.autoMigrate,
+		DeferToStandard:     opts.deferToStandard,
+		ServeStandard:       opts.serveStandard,
 		AutoMigrateSelector: selector,
 	})
 	if err != nil {

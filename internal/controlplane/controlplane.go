@@ -46,6 +46,12 @@ type Options struct {
 	// what SetWatchLag sets (nothing at first): it sees a CRD update, and so
 	// switches the CRD's storage version, that much later than the others.
 	LaggingAPIServer bool
+	// StorageVersionMigrations serves the standard StorageVersionMigration
+	// API (storagemigration.k8s.io) in every version the build has past
+	// alpha: v1 and v1beta1 from 1.37, v1beta1 in 1.35 and 1.36 (beta, off
+	// by default); nothing older. No kube-controller-manager runs, so no
+	// in-tree controller acts on them.
+	StorageVersionMigrations bool
 }
 
 // ControlPlane is a running control plane.
@@ -91,6 +97,11 @@ func Start(opts Options) (*ControlPlane, error) {
 		Scheme:                scheme,
 		CRDDirectoryPaths:     opts.CRDDirectoryPaths,
 		ErrorIfCRDPathMissing: len(opts.CRDDirectoryPaths) > 0,
+	}
+	if opts.StorageVersionMigrations {
+		if opts.APIServerArgs, err = withStorageVersionMigrations(opts.APIServerArgs); err != nil {
+			return nil, err
+		}
 	}
 	for flag, value := range opts.APIServerArgs {
 		environment.ControlPlane.GetAPIServer().Configure().Set(flag, value)

@@ -44,6 +44,9 @@ type Options struct {
 	// servers behind a balancer, one of them lagging; see controlplane.Options.
 	APIServers       int
 	LaggingAPIServer bool
+	// StorageVersionMigrations serves the standard StorageVersionMigration
+	// API; see controlplane.Options.
+	StorageVersionMigrations bool
 	// AfterRun, if set, runs after the package's tests and benchmarks, while
 	// the control plane is still up; an error fails the run.
 	AfterRun func() error
@@ -105,6 +108,7 @@ func (o Options) controlPlane() controlplane.Options {
 	return controlplane.Options{
 		CRDDirectoryPaths: o.CRDDirectoryPaths, APIServerArgs: o.APIServerArgs,
 		APIServers: o.APIServers, LaggingAPIServer: o.LaggingAPIServer,
+		StorageVersionMigrations: o.StorageVersionMigrations,
 	}
 }
 

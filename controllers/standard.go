@@ -1,0 +1,85 @@
+package controllers
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/svm"
+)
+
+// StandardMigrations reads the standard StorageVersionMigrations
+// (storagemigration.k8s.io) of the cluster: restow shows them beside its own
+// migrations, and the automatic trigger leaves a resource that one of them
+// is migrating to it. A nil *StandardMigrations (the cluster serves no such
+// API) reads none.
+type StandardMigrations struct {
+	// Version is the served version, v1 or v1beta1.
+	Version string
+	// Reader lists them; the manager's cache, so that a reconcile costs no request.
+	Reader client.Reader
+	// Served says that restow serves them itself (--serve-storage-version-migrations).
+	Served bool
+}
+
+// maxShownStandard bounds status.storageVersionMigrations.
+const maxShownStandard = 10
+
+// forResource lists the StorageVersionMigrations of gr, oldest first.
+func (s *StandardMigrations) forResource(ctx context.Context, gr schema.GroupResource) ([]svm.Migration, error) {
+	if s == nil {
+		return nil, nil
+	}
+	all, err := svm.ForResource(ctx, s.Reader, s.Version, gr)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]svm.Migration, 0, len(all))
+	for _, m := range all {
+		out = append(out, svm.Summarize(m))
+	}
+	return out, nil
+}
+
+// active returns the oldest StorageVersionMigration of gr that has not
+// ended, or nil.
+func (s *StandardMigrations) active(ctx context.Context, gr schema.GroupResource) (*svm.Migration, error) {
+	all, err := s.forResource(ctx, gr)
+	if err != nil {
+		return nil, err
+	}
+	for i := range all {
+		if !all[i].State.Final() {
+			return &all[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// standardResource is the resource a StorageVersionMigration (unstructured,
+// from a watch) names, as group and resource: also the name of its CRD.
+func standardResource(o client.Object) schema.GroupResource {
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return schema.GroupResource{}
+	}
+	group, _, _ := unstructured.NestedString(u.Object, "spec", "resource", "group")
+	resource, _, _ := unstructured.NestedString(u.Object, "spec", "resource", "resource")
+	return schema.GroupResource{Group: group, Resource: resource}
+}
+
+// statusStandard is status.storageVersionMigrations for ms: the newest
+// maxShownStandard, oldest first.
+func statusStandard(ms []svm.Migration) []migrationv1alpha1.StandardMigration {
+	if len(ms) > maxShownStandard {
+		ms = ms[len(ms)-maxShownStandard:]
+	}
+	var out []migrationv1alpha1.StandardMigration
+	for _, m := range ms {
+		out = append(out, migrationv1alpha1.StandardMigration{Name: m.Name, State: string(m.State)})
+	}
+	return out
+}
