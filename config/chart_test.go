@@ -308,9 +308,11 @@ func TestChartManagerArgs(t *testing.T) {
 		{"defaults", nil, nil},
 		{"every flag value set", map[string]any{
 			"autoMigrate": false, "autoMigrateSelector": "app.kubernetes.io/part-of=shop", "concurrency": 8, "pageSize": 100,
+			"deferToStorageVersionMigrations": false, "serveStorageVersionMigrations": true,
 			"settleWindow": "5m", "statusInterval": "10s", "logLevel": "debug", "extraArgs": []any{"--log-encoding=console"},
 		}, []string{
-			"--auto-migrate=false", "--auto-migrate-selector=app.kubernetes.io/part-of=shop", "--concurrency=8", "--page-size=100",
+			"--auto-migrate=false", "--auto-migrate-selector=app.kubernetes.io/part-of=shop",
+			"--defer-to-storage-version-migrations=false", "--serve-storage-version-migrations", "--concurrency=8", "--page-size=100",
 			"--settle-window=5m", "--status-interval=10s", "--log-level=debug", "--log-encoding=console",
 		}},
 		{"autoMigrate true is the binary's default", map[string]any{"autoMigrate": true}, nil},

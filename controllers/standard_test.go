@@ -53,6 +53,7 @@ func servedStandardVersion(t *testing.T) string {
 		}
 		t.Skipf("kube-apiserver 1.%d serves storagemigration.k8s.io as alpha only", minor)
 	}
+	t.Logf("The control plane serves storagemigration.k8s.io/%s", version)
 	return version
 }
 
@@ -236,10 +237,6 @@ func TestStandardMigrationOfAnotherControllerIsLeftAlone(t *testing.T) {
 	})
 
 	startManagerWith(t, nil, controllers.Options{ServeStandard: true})
-	e := waitObjectEvent(t, svm.Kind, "gizmos-to-v1", controllers.ControllerConflictReason)
-	if e.Type != "Warning" {
-		t.Errorf("event type %s, want Warning", e.Type)
-	}
 	// Give restow time to act if it were to: its passes start within a second.
 	time.Sleep(3 * time.Second)
 	m, err := getStandard(t.Context(), version, "gizmos-to-v1")
@@ -251,6 +248,10 @@ func TestStandardMigrationOfAnotherControllerIsLeftAlone(t *testing.T) {
 	}
 	f.assertStored(t, "v1beta1", 50)
 	f.assertStoredVersions(t, "v1beta1", "v1")
+	e := waitObjectEvent(t, svm.Kind, "gizmos-to-v1", controllers.ControllerConflictReason)
+	if e.Type != "Warning" {
+		t.Errorf("event type %s, want Warning", e.Type)
+	}
 }
 
 // TestStandardMigrationHoldsBackAutomaticTrigger: a StorageVersionMigration
@@ -268,14 +269,14 @@ func TestStandardMigrationHoldsBackAutomaticTrigger(t *testing.T) {
 	f.switchStorage(t, "v1")
 
 	startManagerWith(t, nil, controllers.Options{AutoMigrate: true, DeferToStandard: true})
-	e := waitObjectEvent(t, "CustomResourceDefinition", f.crdName(), "AutomaticMigrationHeldBack")
-	if want := "StorageVersionMigration doohickeys-to-v1 (Pending)"; !strings.Contains(e.Note, want) {
-		t.Errorf("event says %q, want it to name %q", e.Note, want)
-	}
 	// The trigger reacts within about a second; give it three.
 	time.Sleep(3 * time.Second)
 	if sms := f.migrations(t, t.Context()); len(sms) != 0 {
 		t.Fatalf("the trigger created %s while a StorageVersionMigration is migrating the resource", sms[0].Name)
+	}
+	e := waitObjectEvent(t, "CustomResourceDefinition", f.crdName(), "AutomaticMigrationHeldBack")
+	if want := "StorageVersionMigration doohickeys-to-v1 (Pending)"; !strings.Contains(e.Note, want) {
+		t.Errorf("event says %q, want it to name %q", e.Note, want)
 	}
 
 	writeAsInTree(t, version, "doohickeys-to-v1", func(m *svmv1.StorageVersionMigration) {

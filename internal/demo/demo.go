@@ -148,6 +148,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		StalledRetryMax:  time.Minute,
 		SettleWindow:     demoSettleWindow,
 		AutoMigrate:      true,
+		DeferToStandard:  true,
 	})
 	if err != nil {
 		return err

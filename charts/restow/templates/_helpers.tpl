@@ -59,6 +59,12 @@ manager.
 {{- with .Values.autoMigrateSelector }}
 - --auto-migrate-selector={{ . }}
 {{- end }}
+{{- if not .Values.deferToStorageVersionMigrations }}
+- --defer-to-storage-version-migrations=false
+{{- end }}
+{{- if .Values.serveStorageVersionMigrations }}
+- --serve-storage-version-migrations
+{{- end }}
 {{- with .Values.concurrency }}
 - --concurrency={{ . }}
 {{- end }}
