@@ -23,6 +23,7 @@ import (
 	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/controlplane"
 	"github.com/restow/restow/internal/svm"
+	"github.com/restow/restow/internal/testenv"
 )
 
 // inTreeUserAgent is the user agent of kube-controller-manager's
@@ -311,4 +312,41 @@ func TestDeferToStandardOff(t *testing.T) {
 	if !slices.Equal(sm.Status.StorageVersionMigrations, want) {
 		t.Errorf("status.storageVersionMigrations = %+v, want %+v", sm.Status.StorageVersionMigrations, want)
 	}
+}
+
+// TestServedStandardMigrationFailsNamingTheObject: one object an admission
+// policy refuses to rewrite ends a served StorageVersionMigration Failed (a
+// final answer, as the API defines it), naming the object, with every other
+// object re-stored and nothing pruned.
+func TestServedStandardMigrationFailsNamingTheObject(t *testing.T) {
+	version := servedStandardVersion(t)
+	ctx := t.Context()
+	f := fixture{group: "failed.svm.restow.dev", kind: "Widget", plural: "widgets", namespaced: true}
+	f.install(t, "v1beta1", "v1")
+	f.createObjects(t, 120, "svm-failed")
+	const denied = "obj-00042"
+	allow, err := env.DenyUpdates(ctx, f.object("v1beta1", "svm-failed", denied, nil), f.plural)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = allow(context.Background()) })
+	f.switchStorage(t, "v1")
+
+	startManagerWith(t, nil, controllers.Options{ServeStandard: true})
+	f.createStandardMigration(t, version, "widgets-to-v1")
+	m := waitForStandard(t, version, "widgets-to-v1", time.Minute, "finished", func(m *svmv1.StorageVersionMigration) bool {
+		return svm.StateOf(m).Final()
+	})
+	if s := svm.StateOf(m); s != svm.Failed {
+		t.Fatalf("state %s, want Failed; conditions %+v", s, m.Status.Conditions)
+	}
+	failed := meta.FindStatusCondition(m.Status.Conditions, string(svmv1.MigrationFailed))
+	for _, want := range []string{"1 of 120 objects", "svm-failed/" + denied, testenv.FrozenMessage} {
+		if !strings.Contains(failed.Message, want) {
+			t.Errorf("Failed message %q does not say %q", failed.Message, want)
+		}
+	}
+	f.fx().AssertStored(t, map[string]int{"v1": 119, "v1beta1": 1})
+	f.assertStoredVersions(t, "v1beta1", "v1")
+	waitObjectEvent(t, svm.Kind, "widgets-to-v1", migrationv1alpha1.ObjectsFailedReason)
 }
