@@ -77,7 +77,10 @@ func statusStandard(ms []svm.Migration) []migrationv1alpha1.StandardMigration {
 	if len(ms) > maxShownStandard {
 		ms = ms[len(ms)-maxShownStandard:]
 	}
-	var out []migrationv1alpha1.StandardMigration
+	if len(ms) == 0 {
+		return nil
+	}
+	out := make([]migrationv1alpha1.StandardMigration, 0, len(ms))
 	for _, m := range ms {
 		out = append(out, migrationv1alpha1.StandardMigration{Name: m.Name, State: string(m.State)})
 	}

@@ -241,7 +241,7 @@ func (r *StorageVersionMigrationReconciler) reconcile(ctx context.Context, u cli
 	case v.next == nextStalled:
 		msg := v.message
 		if failures := failureList(state.result.Failures); failures != "" {
-			msg = fmt.Sprintf("%d of %d objects could not be rewritten to %s, nothing was pruned: %s", state.result.Counts.Failed, state.result.Counts.Listed, p.target.TargetVersion(), failures)
+			msg = fmt.Sprintf("%d of %d objects could not be rewritten to %s, nothing was pruned: %s", state.result.Failed, state.result.Listed, p.target.TargetVersion(), failures)
 		}
 		r.Recorder.Eventf(u, nil, corev1.EventTypeWarning, v.reason, "Migrate", "%s", msg)
 		finish(m, svmv1.MigrationFailed, svmFailedReason, msg)

@@ -105,13 +105,16 @@ func ToUnstructured(m *svmv1.StorageVersionMigration, version string) (*unstruct
 type State string
 
 const (
-	// Pending: nobody has started it yet (no Running, Succeeded or Failed condition is true).
+	// Pending is a migration nobody has started yet (no Running, Succeeded
+	// or Failed condition is true).
 	Pending State = "Pending"
-	// Running: a controller is migrating the resource.
+	// Running is a migration a controller is carrying out.
 	Running State = "Running"
-	// Succeeded and Failed are final: a StorageVersionMigration runs once.
+	// Succeeded is a migration that ended with every object migrated. It is
+	// final: a StorageVersionMigration runs once.
 	Succeeded State = "Succeeded"
-	Failed    State = "Failed"
+	// Failed is a migration that ended without migrating every object; final too.
+	Failed State = "Failed"
 )
 
 // StateOf reads the state of m from its conditions. Succeeded and Failed
