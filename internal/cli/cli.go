@@ -58,12 +58,17 @@ func Execute(ctx context.Context, args []string, streams genericiooptions.IOStre
 	if err == nil {
 		return 0
 	}
-	// One line: a wrapped or joined error may hold line breaks.
-	fmt.Fprintln(streams.ErrOut, "error:", strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
+	fmt.Fprintln(streams.ErrOut, "error:", oneLine(err.Error()))
 	if exit := (*exitError)(nil); errors.As(err, &exit) {
 		return exit.code
 	}
 	return 1
+}
+
+// oneLine puts a message on one line: a wrapped or joined error, or a
+// condition's message, may hold line breaks.
+func oneLine(s string) string {
+	return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ")
 }
 
 // NewCommand builds the kubectl-restow command tree.

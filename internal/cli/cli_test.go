@@ -31,7 +31,9 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{CRDDirectoryPaths: []string{"../../config/crd/bases"}}, &env)
+	// StorageVersionMigrations: v1beta1 of storagemigration.k8s.io on
+	// 1.35 and 1.36, which serve it only when asked (1.37 serves v1 anyway).
+	testenv.Main(m, testenv.Options{CRDDirectoryPaths: []string{"../../config/crd/bases"}, StorageVersionMigrations: true}, &env)
 }
 
 // restow runs kubectl-restow with args against the test control plane, as a

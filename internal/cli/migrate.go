@@ -83,6 +83,7 @@ func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 	if err != nil {
 		return err
 	}
+	c.warnStandardActive(ctx, streams.ErrOut, gr)
 	token := time.Now().UTC().Format(time.RFC3339Nano)
 	var sm *migrationv1alpha1.StorageMigration
 	if len(existing) > 0 {

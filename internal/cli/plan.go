@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/storedversions"
+	"github.com/restow/restow/internal/svm"
 )
 
 // defaultAssumedRate is the pass throughput plan assumes for a migration
@@ -40,9 +42,19 @@ type planEntry struct {
 	Migration *planMigration `json:"migration,omitempty"`
 	// Estimate is how long the rest of the migration may take.
 	Estimate string `json:"estimate,omitempty"`
+	// StorageVersionMigrations are the standard StorageVersionMigrations of
+	// the resource, oldest first; absent when there are none, or when the
+	// cluster serves no such API.
+	StorageVersionMigrations []planStandard `json:"storageVersionMigrations,omitempty"`
 	// BlockedBy says what stands between now and removing the old versions
 	// from the CRD.
 	BlockedBy []string `json:"blockedBy"`
+}
+
+// planStandard is a standard StorageVersionMigration of a CRD's resource.
+type planStandard struct {
+	Name  string `json:"name"`
+	State string `json:"state"`
 }
 
 // planMigration is the StorageMigration that covers a CRD.
@@ -58,6 +70,9 @@ type planOutput struct {
 	// Namespace, when set, is the only namespace whose objects were counted.
 	Namespace string      `json:"namespace,omitempty"`
 	Pending   []planEntry `json:"pending"`
+	// standard: the standard StorageVersionMigrations were read, so the
+	// table has their column; without the API it is as it always was.
+	standard bool
 }
 
 func newPlanCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -95,20 +110,20 @@ objects of namespaced CRDs in that namespace only.`,
 			if err != nil {
 				return err
 			}
-			entries, err := plan(cmd.Context(), c, namespace, assumedRate, time.Now())
+			result, err := plan(cmd.Context(), c, streams.ErrOut, namespace, assumedRate, time.Now())
 			if err != nil {
 				return err
 			}
 			if output != "" {
-				err = printStructured(streams.Out, output, planOutput{Namespace: namespace, Pending: entries})
+				err = printStructured(streams.Out, output, result)
 			} else {
-				err = printPlan(streams, namespace, entries)
+				err = printPlan(streams, result)
 			}
 			if err != nil {
 				return err
 			}
-			if failIfPending && len(entries) > 0 {
-				return &exitError{code: ExitPending, err: fmt.Errorf("%d CRDs may still have objects stored at an old version", len(entries))}
+			if n := len(result.Pending); failIfPending && n > 0 {
+				return &exitError{code: ExitPending, err: fmt.Errorf("%d CRDs may still have objects stored at an old version", n)}
 			}
 			return nil
 		},
@@ -120,25 +135,50 @@ objects of namespaced CRDs in that namespace only.`,
 	return cmd
 }
 
-func plan(ctx context.Context, c *clients, namespace string, assumedRate float64, now time.Time) ([]planEntry, error) {
+// plan lists the CRDs left to migrate. The standard StorageVersionMigrations
+// are read last, so that an error of restow's own reads is the command's
+// error and not a warning before it; warn takes the warning.
+func plan(ctx context.Context, c *clients, warn io.Writer, namespace string, assumedRate float64, now time.Time) (planOutput, error) {
+	out := planOutput{Namespace: namespace, Pending: []planEntry{}}
 	var crds apiextensionsv1.CustomResourceDefinitionList
 	if err := c.client.List(ctx, &crds); err != nil {
-		return nil, err
+		return out, err
 	}
 	sms, err := c.storageMigrations(ctx)
 	installed := err == nil
 	if err != nil && !errors.Is(err, errNotInstalled) {
-		return nil, err
+		return out, err
 	}
-	entries := []planEntry{}
+	var pending []schema.GroupResource
 	for i := range crds.Items {
 		crd := &crds.Items[i]
 		if !storedversions.NeedsMigration(crd) {
 			continue
 		}
-		entries = append(entries, planFor(ctx, c, crd, namespace, sms, installed, assumedRate, now))
+		out.Pending = append(out.Pending, planFor(ctx, c, crd, namespace, sms, installed, assumedRate, now))
+		pending = append(pending, crdResource(crd))
 	}
-	return entries, nil
+	standard := c.standardMigrations(ctx, warn, pending...)
+	out.standard = standard != nil
+	for i := range out.Pending {
+		addStandard(&out.Pending[i], standard[pending[i]])
+	}
+	return out, nil
+}
+
+func crdResource(crd *apiextensionsv1.CustomResourceDefinition) schema.GroupResource {
+	return schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
+}
+
+// addStandard lists the StorageVersionMigrations of e's resource and, while
+// one has not ended, says that another migrator will prune status.storedVersions.
+func addStandard(e *planEntry, ms []svm.Migration) {
+	for _, m := range ms {
+		e.StorageVersionMigrations = append(e.StorageVersionMigrations, planStandard{Name: m.Name, State: string(m.State)})
+	}
+	if m := activeStandard(ms); m != nil {
+		e.BlockedBy = append(e.BlockedBy, standardNote(m))
+	}
 }
 
 func planFor(ctx context.Context, c *clients, crd *apiextensionsv1.CustomResourceDefinition, namespace string, sms []migrationv1alpha1.StorageMigration,
@@ -174,7 +214,7 @@ func planFor(ctx context.Context, c *clients, crd *apiextensionsv1.CustomResourc
 
 	var sm *migrationv1alpha1.StorageMigration
 	for i := range sms {
-		if sms[i].Spec.Resource.Group == crd.Spec.Group && sms[i].Spec.Resource.Resource == crd.Spec.Names.Plural {
+		if groupResourceOf(&sms[i]) == crdResource(crd) {
 			sm = &sms[i]
 			break
 		}
@@ -215,18 +255,26 @@ func estimate(objects int64, sm *migrationv1alpha1.StorageMigration, assumedRate
 	return time.Duration(remaining / rate * float64(time.Second)).Round(time.Second)
 }
 
-func printPlan(streams genericiooptions.IOStreams, namespace string, entries []planEntry) error {
-	if len(entries) == 0 {
+func printPlan(streams genericiooptions.IOStreams, result planOutput) error {
+	if len(result.Pending) == 0 {
 		fmt.Fprintln(streams.Out, "Nothing to migrate: every CRD's status.storedVersions lists only its storage version.")
 		return nil
 	}
 	w := printers.GetNewTabWriter(streams.Out)
 	objects := "OBJECTS"
-	if namespace != "" {
-		objects = "OBJECTS IN " + namespace
+	if result.Namespace != "" {
+		objects = "OBJECTS IN " + result.Namespace
 	}
-	fmt.Fprintf(w, "CRD\tSTORAGE\tSTORED VERSIONS\t%s\tMIGRATION\tSTATE\tESTIMATE\tBLOCKED BY\n", objects)
-	for _, e := range entries {
+	// The column of the standard StorageVersionMigrations only where the
+	// cluster serves them.
+	row := func(head []string, standard string, tail ...string) {
+		if result.standard {
+			head = append(head, standard)
+		}
+		fmt.Fprintln(w, strings.Join(append(head, tail...), "\t"))
+	}
+	row([]string{"CRD", "STORAGE", "STORED VERSIONS", objects, "MIGRATION", "STATE"}, "STORAGEVERSIONMIGRATIONS", "ESTIMATE", "BLOCKED BY")
+	for _, e := range result.Pending {
 		objects, migration, state := "?", "-", "-"
 		if e.Objects != nil {
 			objects = fmt.Sprint(*e.Objects)
@@ -234,8 +282,30 @@ func printPlan(streams genericiooptions.IOStreams, namespace string, entries []p
 		if e.Migration != nil {
 			migration, state = e.Migration.Name, e.Migration.State
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.CRD, e.StorageVersion, strings.Join(e.StoredVersions, ","), objects,
-			migration, state, orDash(e.Estimate), strings.Join(e.BlockedBy, "; "))
+		row([]string{e.CRD, e.StorageVersion, strings.Join(e.StoredVersions, ","), objects, migration, state},
+			standardCell(e.StorageVersionMigrations), orDash(e.Estimate), strings.Join(e.BlockedBy, "; "))
 	}
 	return w.Flush()
+}
+
+// maxStandardCell is how many StorageVersionMigrations plan's table names
+// for a CRD: the newest, which tell where the resource stands; -o json and
+// -o yaml list them all.
+const maxStandardCell = 3
+
+// standardCell is the cell of plan's table that names a CRD's
+// StorageVersionMigrations with their state, oldest first.
+func standardCell(ms []planStandard) string {
+	if len(ms) == 0 {
+		return "-"
+	}
+	var parts []string
+	if older := len(ms) - maxStandardCell; older > 0 {
+		parts = append(parts, fmt.Sprintf("%d older", older))
+		ms = ms[older:]
+	}
+	for _, m := range ms {
+		parts = append(parts, fmt.Sprintf("%s (%s)", m.Name, m.State))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -129,6 +129,7 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 			fmt.Fprintf(streams.ErrOut, "Only namespace %s: status.storedVersions of CRD %s will not be pruned, since objects in other namespaces are not proven. Run without --namespace to prune.\n", opts.namespace, target.CRD.Name)
 		}
 	}
+	c.warnStandardActive(ctx, streams.ErrOut, gr)
 
 	if opts.dryRun {
 		n, err := c.migrator.CountAll(ctx, target, opts.pageSize)

@@ -159,7 +159,8 @@ func (o *statusOptions) status(ctx context.Context, c *clients, streams generici
 	case printer != nil:
 		return printer.PrintObj(obj, streams.Out)
 	case name != "" && !o.wide():
-		return describe(streams.Out, &sms[0], time.Now())
+		sm := &sms[0]
+		return describe(streams.Out, sm, c.standardMigrations(ctx, streams.ErrOut, groupResourceOf(sm)), time.Now())
 	case len(sms) == 0:
 		fmt.Fprintln(streams.ErrOut, "No StorageMigrations found.")
 		return nil
@@ -215,8 +216,10 @@ func statusTable(sms []migrationv1alpha1.StorageMigration, now time.Time) *metav
 	return t
 }
 
-// describe shows one StorageMigration in full, as kubectl describe would.
-func describe(out io.Writer, sm *migrationv1alpha1.StorageMigration, now time.Time) error {
+// describe shows one StorageMigration in full, as kubectl describe would,
+// then the StorageVersionMigrations of its resource in standard (none
+// without the API: a nil index leaves the section out).
+func describe(out io.Writer, sm *migrationv1alpha1.StorageMigration, standard standardIndex, now time.Time) error {
 	state, reason, message := stateOf(sm)
 	w := printers.GetNewTabWriter(out)
 	field := func(name, format string, args ...any) {
@@ -248,13 +251,24 @@ func describe(out io.Writer, sm *migrationv1alpha1.StorageMigration, now time.Ti
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	if len(sm.Status.FailedObjects) == 0 {
+	if err := describeFailed(out, sm.Status.FailedObjects); err != nil {
+		return err
+	}
+	if standard == nil {
+		return nil
+	}
+	return describeStandard(out, standard[groupResourceOf(sm)], now)
+}
+
+// describeFailed lists the objects the last pass could not rewrite, if any.
+func describeFailed(out io.Writer, failed []migrationv1alpha1.FailedObject) error {
+	if len(failed) == 0 {
 		return nil
 	}
 	fmt.Fprintln(out, "Failed objects:")
-	w = printers.GetNewTabWriter(out)
+	w := printers.GetNewTabWriter(out)
 	fmt.Fprintln(w, "  NAMESPACE\tNAME\tREASON\tMESSAGE")
-	for _, f := range sm.Status.FailedObjects {
+	for _, f := range failed {
 		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", orDash(f.Namespace), f.Name, f.Reason, f.Message)
 	}
 	return w.Flush()
