@@ -82,7 +82,7 @@ func (r *AutoMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// A standard migration that starts or ends may change the decision.
 		b = b.Watches(svm.New(r.Standard.Version), handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: standardResource(o).String()}}}
-		}))
+		}), builder.WithPredicates(standardStateChanged))
 	}
 	return b.Complete(r)
 }
@@ -233,7 +233,8 @@ func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector
 	switch {
 	case len(others) > 0 && len(automatic) > 0:
 		return autoDecision{action: autoRetire, retire: automatic, why: fmt.Sprintf("StorageMigration %s covers the resource", others[0].Name)}
-	case standard != nil && len(automatic) > 0:
+	case standard != nil && standard.State == svm.Running && len(automatic) > 0:
+		// Only for one under way: a Pending one may have no controller.
 		return autoDecision{action: autoRetire, retire: automatic, why: standardWhy(standard)}
 	case len(covering) > 0:
 		return autoDecision{why: fmt.Sprintf("StorageMigration %s covers the resource", covering[0].Name)}
@@ -253,6 +254,9 @@ func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector
 }
 
 func standardWhy(m *svm.Migration) string {
+	if m.State == svm.Pending {
+		return fmt.Sprintf("StorageVersionMigration %s (Pending: no controller has started it yet) is to migrate the resource", m.Name)
+	}
 	return fmt.Sprintf("StorageVersionMigration %s (%s) is migrating the resource", m.Name, m.State)
 }
 

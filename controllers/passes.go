@@ -6,6 +6,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -19,7 +20,10 @@ import (
 type pass struct {
 	cancel     context.CancelFunc
 	generation int64
-	target     migrator.Target
+	// uid is the UID of the object the pass is for: one re-created under
+	// the same name is another object.
+	uid    types.UID
+	target migrator.Target
 
 	mu    sync.Mutex
 	state passState
@@ -102,7 +106,7 @@ func (ps *passes) NeedLeaderElection() bool { return false }
 func (ps *passes) launch(ctx context.Context, owner client.Object, p *pass,
 	migrate func(ctx context.Context, observe migrator.Observer) (migrator.Result, error)) bool {
 	ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	p.generation = owner.GetGeneration()
+	p.generation, p.uid = owner.GetGeneration(), owner.GetUID()
 	name := owner.GetName()
 	ps.mu.Lock()
 	if ps.stopped {

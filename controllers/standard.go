@@ -6,6 +6,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/svm"
@@ -69,6 +71,25 @@ func standardResource(o client.Object) schema.GroupResource {
 	group, _, _ := unstructured.NestedString(u.Object, "spec", "resource", "group")
 	resource, _, _ := unstructured.NestedString(u.Object, "spec", "resource", "resource")
 	return schema.GroupResource{Group: group, Resource: resource}
+}
+
+// standardStateChanged passes the creates and deletes of
+// StorageVersionMigrations, and the updates that change their state: not
+// the progress a controller writes into their conditions' messages.
+var standardStateChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool { return standardState(e.ObjectOld) != standardState(e.ObjectNew) },
+}
+
+func standardState(o client.Object) svm.State {
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return ""
+	}
+	m, err := svm.FromUnstructured(u)
+	if err != nil {
+		return ""
+	}
+	return svm.StateOf(m)
 }
 
 // statusStandard is status.storageVersionMigrations for ms: the newest

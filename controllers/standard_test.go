@@ -108,6 +108,9 @@ func waitForStandard(t *testing.T, version, name string, timeout time.Duration, 
 		return done(m), nil
 	})
 	if err != nil {
+		if last == nil {
+			t.Fatalf("StorageVersionMigration %s not %s: %v", name, what, err)
+		}
 		t.Fatalf("StorageVersionMigration %s not %s: %v; status %+v", name, what, err, last.Status)
 	}
 	return last
@@ -238,8 +241,12 @@ func TestStandardMigrationOfAnotherControllerIsLeftAlone(t *testing.T) {
 	})
 
 	startManagerWith(t, nil, controllers.Options{ServeStandard: true})
-	// Give restow time to act if it were to: its passes start within a second.
-	time.Sleep(3 * time.Second)
+	e := waitObjectEvent(t, svm.Kind, "gizmos-to-v1", controllers.ControllerConflictReason)
+	if e.Type != "Warning" {
+		t.Errorf("event type %s, want Warning", e.Type)
+	}
+	// restow has seen the object: give it time to act if it were to.
+	time.Sleep(2 * time.Second)
 	m, err := getStandard(t.Context(), version, "gizmos-to-v1")
 	if err != nil {
 		t.Fatal(err)
@@ -249,10 +256,6 @@ func TestStandardMigrationOfAnotherControllerIsLeftAlone(t *testing.T) {
 	}
 	f.assertStored(t, "v1beta1", 50)
 	f.assertStoredVersions(t, "v1beta1", "v1")
-	e := waitObjectEvent(t, svm.Kind, "gizmos-to-v1", controllers.ControllerConflictReason)
-	if e.Type != "Warning" {
-		t.Errorf("event type %s, want Warning", e.Type)
-	}
 }
 
 // TestStandardMigrationHoldsBackAutomaticTrigger: a StorageVersionMigration
@@ -270,14 +273,14 @@ func TestStandardMigrationHoldsBackAutomaticTrigger(t *testing.T) {
 	f.switchStorage(t, "v1")
 
 	startManagerWith(t, nil, controllers.Options{AutoMigrate: true, DeferToStandard: true})
-	// The trigger reacts within about a second; give it three.
-	time.Sleep(3 * time.Second)
-	if sms := f.migrations(t, t.Context()); len(sms) != 0 {
-		t.Fatalf("the trigger created %s while a StorageVersionMigration is migrating the resource", sms[0].Name)
-	}
 	e := waitObjectEvent(t, "CustomResourceDefinition", f.crdName(), "AutomaticMigrationHeldBack")
-	if want := "StorageVersionMigration doohickeys-to-v1 (Pending)"; !strings.Contains(e.Note, want) {
+	if want := "StorageVersionMigration doohickeys-to-v1 (Pending"; !strings.Contains(e.Note, want) {
 		t.Errorf("event says %q, want it to name %q", e.Note, want)
+	}
+	// The trigger has decided: give it time to change its mind if it were to.
+	time.Sleep(2 * time.Second)
+	if sms := f.migrations(t, t.Context()); len(sms) != 0 {
+		t.Fatalf("the trigger created %s while a StorageVersionMigration is to migrate the resource", sms[0].Name)
 	}
 
 	writeAsInTree(t, version, "doohickeys-to-v1", func(m *svmv1.StorageVersionMigration) {

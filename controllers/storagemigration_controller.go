@@ -120,7 +120,7 @@ func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr c
 		WatchesRawSource(source.Channel(r.passes.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4})
 	if r.Standard != nil {
-		b = b.Watches(svm.New(r.Standard.Version), handler.EnqueueRequestsFromMapFunc(r.migrationsForStandard))
+		b = b.Watches(svm.New(r.Standard.Version), handler.EnqueueRequestsFromMapFunc(r.migrationsForStandard), builder.WithPredicates(standardStateChanged))
 	}
 	return b.Complete(r)
 }
@@ -249,7 +249,7 @@ func (r *StorageMigrationReconciler) showStandard(ctx context.Context, sm, origi
 		switch {
 		case svm.State(m.State).Final():
 		case r.Standard.Served:
-			msg += "; restow serves it with the same safeguards as this StorageMigration"
+			msg += "; restow serves the StorageVersionMigrations whose status no other controller writes, with the same safeguards as this StorageMigration"
 		default:
 			msg += "; its controller may prune the CRD's status.storedVersions without restow's settle window or its wait for every API server"
 		}

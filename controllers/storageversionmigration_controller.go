@@ -18,9 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -51,6 +53,13 @@ const (
 	// resource is not finished; this one waits its turn.
 	WaitingForOlderReason = "WaitingForOlderMigration"
 )
+
+// claimGrace is how long a new StorageVersionMigration is left to another
+// controller before restow claims it: kube-controller-manager's in-tree
+// controller writes Running within moments of seeing it, so one with no
+// status after this has no other controller, unless kube-controller-manager
+// happened to be down; then the check of every reconcile catches its first write.
+const claimGrace = 3 * time.Second
 
 // unknownResourceGrace is how long a StorageVersionMigration of a resource
 // the API server does not serve waits for it to appear before it fails: a
@@ -97,9 +106,10 @@ type StorageVersionMigrationReconciler struct {
 	// resume holds, per object, the checkpoint of a pass that paused on a
 	// transient error.
 	resume map[string]*migrator.Checkpoint
-	// conflicts remembers the objects whose conflict was recorded, so the
+	// conflicts and waitingFor remember the conflict, and the older
+	// migration waited for, that an event said of each object, so each
 	// event is sent once.
-	conflicts map[string]string
+	conflicts, waitingFor map[string]string
 }
 
 // +kubebuilder:rbac:groups=storagemigration.k8s.io,resources=storageversionmigrations,verbs=get;list;watch
@@ -116,13 +126,16 @@ func (r *StorageVersionMigrationReconciler) SetupWithManager(mgr ctrl.Manager) e
 		return errors.New("StorageVersionMigrationReconciler needs StatusInterval > 0 and 0 < StalledRetryBase <= StalledRetryMax")
 	}
 	r.passes = newPasses(r.StalledRetryBase, r.StalledRetryMax)
-	r.resume, r.conflicts = map[string]*migrator.Checkpoint{}, map[string]string{}
+	r.resume, r.conflicts, r.waitingFor = map[string]*migrator.Checkpoint{}, map[string]string{}, map[string]string{}
 	if err := mgr.Add(r.passes); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("storageversionmigration").
-		For(svm.New(r.Version)).
+		// Creates and deletes only: restow's own status writes must not
+		// wake it (it looks again every StatusInterval while it acts), and
+		// the spec is immutable.
+		For(svm.New(r.Version), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.passes.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 2}).
 		Complete(r)
@@ -146,12 +159,12 @@ func (r *StorageVersionMigrationReconciler) Reconcile(ctx context.Context, req c
 		r.forget(m.Name)
 		return ctrl.Result{}, nil
 	}
-	if other := otherStatusWriter(m); other != "" {
-		r.refuse(ctx, u, m, other)
-		return ctrl.Result{}, nil
-	}
 	if svm.StateOf(m).Final() {
 		r.forget(m.Name)
+		return ctrl.Result{}, nil
+	}
+	if other := otherStatusWriter(m); other != "" {
+		r.refuse(ctx, u, m, other)
 		return ctrl.Result{}, nil
 	}
 	original := m.DeepCopy()
@@ -209,13 +222,20 @@ func (r *StorageVersionMigrationReconciler) forget(name string) {
 	r.mu.Lock()
 	delete(r.resume, name)
 	delete(r.conflicts, name)
+	delete(r.waitingFor, name)
 	r.mu.Unlock()
+	r.passes.stalled.Forget(name)
 }
 
 // reconcile follows the pass of m, or starts one. It sets m's status and
 // returns when to look again.
 func (r *StorageVersionMigrationReconciler) reconcile(ctx context.Context, u client.Object, m *svmv1.StorageVersionMigration) (time.Duration, error) {
 	p := r.passes.get(m.Name)
+	if p != nil && p.uid != m.UID {
+		// Deleted and created again under the same name: another object.
+		r.passes.stop(m.Name)
+		p = nil
+	}
 	if p == nil {
 		return r.start(ctx, u, m)
 	}
@@ -237,6 +257,7 @@ func (r *StorageVersionMigrationReconciler) reconcile(ctx context.Context, u cli
 		}
 		r.Recorder.Eventf(u, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s", msg)
 		finish(m, svmv1.MigrationSucceeded, svmSucceededReason, msg)
+		r.passes.stalled.Forget(m.Name)
 		return 0, nil
 	case v.next == nextStalled:
 		msg := v.message
@@ -259,49 +280,71 @@ func (r *StorageVersionMigrationReconciler) reconcile(ctx context.Context, u cli
 	return restartDelay, nil
 }
 
-// start resolves the resource and starts a pass, claiming m by writing
-// Running and the resource version the migration covers.
+// start claims m, or starts a pass of a claimed m. Nothing is written to
+// a StorageVersionMigration before restow claims it, and the claim (Running
+// and the resource version the migration covers, in one update) is written
+// only after claimGrace with no status from anyone. The pass starts on the
+// next reconcile, once the live object shows the claim and no other writer:
+// so restow never migrates an object whose status another controller has
+// written, and never writes Running alone, which the in-tree
+// resource-version controller would answer.
 func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.Object, m *svmv1.StorageVersionMigration) (time.Duration, error) {
+	log := ctrl.LoggerFrom(ctx)
 	gr := schema.GroupResource{Group: m.Spec.Resource.Group, Resource: m.Spec.Resource.Resource}
-	if older, err := r.olderActive(ctx, m, gr); err != nil || older != "" {
-		if older != "" && !meta.IsStatusConditionTrue(m.Status.Conditions, string(svmv1.MigrationRunning)) {
-			ctrl.LoggerFrom(ctx).V(1).Info("Waiting for an older StorageVersionMigration of the same resource", "older", older)
+	if older, err := r.olderActive(ctx, m, gr); err != nil || older != nil {
+		if older != nil {
+			r.sayWaiting(ctx, u, m, older)
 		}
-		return transientRetryDelay, err
+		return r.passes.waiting.When(m.Name), err
+	}
+	claimed := m.Status.ResourceVersion != "" && meta.IsStatusConditionTrue(m.Status.Conditions, string(svmv1.MigrationRunning))
+	if !claimed {
+		if wait := claimGrace - time.Since(m.CreationTimestamp.Time); wait > 0 {
+			return wait, nil
+		}
 	}
 	target, err := r.Migrator.Resolve(ctx, gr)
 	var waitErr *migrator.WaitError
 	var stalledErr *migrator.StalledError
 	switch {
 	case errors.As(err, &waitErr):
-		markRunning(m, waitErr.Message)
+		if claimed {
+			markRunning(m, waitErr.Message)
+		}
 		return r.passes.waiting.When(m.Name), nil
 	case errors.As(err, &stalledErr):
 		if time.Since(m.CreationTimestamp.Time) < unknownResourceGrace {
 			return r.passes.waiting.When(m.Name), nil
 		}
+		// Failed is final and needs no claim: restow is the only writer of
+		// this status, or it would have stopped above.
 		r.Recorder.Eventf(u, nil, corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", "%s", stalledErr.Message)
 		finish(m, svmv1.MigrationFailed, svmFailedReason, stalledErr.Message)
 		return 0, nil
 	case err != nil:
-		markRunning(m, "Retrying after a transient error: "+migrator.Message(err))
+		if claimed {
+			markRunning(m, "Retrying after a transient error: "+migrator.Message(err))
+		}
 		return transientRetryDelay, nil
 	}
 	r.passes.waiting.Forget(m.Name)
-	if m.Status.ResourceVersion == "" {
+	if !claimed {
 		rv, err := r.currentResourceVersion(ctx, target)
 		if err != nil {
-			markRunning(m, "Retrying after a transient error: "+migrator.Message(err))
+			log.Info("Could not read the resource version to claim a StorageVersionMigration with; retrying", "error", migrator.Message(err))
 			return transientRetryDelay, nil
 		}
 		m.Status.ResourceVersion = rv
+		markRunning(m, fmt.Sprintf("Claimed by restow: rewriting %s to %s starts shortly", gr, target.TargetVersion()))
+		return restartDelay, nil
 	}
 
+	prune, why := r.mayPrune(ctx, gr)
 	r.mu.Lock()
 	cp := r.resume[m.Name]
 	delete(r.resume, m.Name)
 	r.mu.Unlock()
-	if cp == nil || !cp.Resumes(target) {
+	if !cp.Resumes(target) {
 		cp = migrator.NewCheckpoint(target)
 	}
 	opts := migrator.Options{
@@ -309,41 +352,80 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.
 		PageSize:     r.PageSize,
 		RetryBackoff: r.RetryBackoff,
 		SettleWindow: r.SettleWindow,
-		Prune:        true,
+		Prune:        prune,
 		Resume:       cp,
 	}
 	p := &pass{target: target, state: passState{progress: migrator.Progress{Checkpoint: *cp}}, counted: cp.Counts}
-	log := ctrl.LoggerFrom(ctx)
 	if !r.passes.launch(ctx, u, p, func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
 		return r.Migrator.Migrate(ctrl.LoggerInto(ctx, log), target, opts, observe)
 	}) {
 		return 0, nil
 	}
-	log.Info("Starting pass", "resource", gr, "targetVersion", target.TargetVersion())
-	if !meta.IsStatusConditionTrue(m.Status.Conditions, string(svmv1.MigrationRunning)) {
-		r.Recorder.Eventf(u, nil, corev1.EventTypeNormal, "PassStarted", "Migrate", "restow is rewriting %s to %s", gr, target.TargetVersion())
+	log.Info("Starting pass", "resource", gr, "targetVersion", target.TargetVersion(), "prune", prune)
+	msg := fmt.Sprintf("restow is rewriting %s to %s", gr, target.TargetVersion())
+	if why != "" {
+		msg += "; " + why
 	}
-	markRunning(m, fmt.Sprintf("restow is rewriting %s to %s", gr, target.TargetVersion()))
+	r.Recorder.Eventf(u, nil, corev1.EventTypeNormal, "PassStarted", "Migrate", "%s", msg)
+	markRunning(m, msg)
 	return r.StatusInterval, nil
 }
 
-// olderActive returns the name of an older StorageVersionMigration of gr
-// that has not finished: the migrations of one resource run one at a time,
-// oldest first, as in the in-tree controller.
-func (r *StorageVersionMigrationReconciler) olderActive(ctx context.Context, m *svmv1.StorageVersionMigration, gr schema.GroupResource) (string, error) {
+// mayPrune says whether a pass of gr may prune status.storedVersions: not
+// when a StorageMigration of the resource asks restow not to
+// (spec.pruneStoredVersions: false), and why not.
+func (r *StorageVersionMigrationReconciler) mayPrune(ctx context.Context, gr schema.GroupResource) (bool, string) {
+	var list migrationv1alpha1.StorageMigrationList
+	if err := r.Client.List(ctx, &list, client.MatchingFields{resourceIndex: gr.String()}); err != nil {
+		return false, "status.storedVersions is left as it is: the StorageMigrations of the resource could not be read (" + migrator.Message(err) + ")"
+	}
+	for _, sm := range list.Items {
+		if !pruneEnabled(&sm) {
+			return false, fmt.Sprintf("status.storedVersions is left as it is: StorageMigration %s sets pruneStoredVersions: false", sm.Name)
+		}
+	}
+	return true, ""
+}
+
+// sayWaiting records once that m waits for an older StorageVersionMigration
+// of the same resource, and who writes that one's status.
+func (r *StorageVersionMigrationReconciler) sayWaiting(ctx context.Context, u client.Object, m, older *svmv1.StorageVersionMigration) {
+	r.mu.Lock()
+	said := r.waitingFor[m.Name] == older.Name
+	r.waitingFor[m.Name] = older.Name
+	r.mu.Unlock()
+	if said {
+		return
+	}
+	by := "no controller has started it"
+	if other := otherStatusWriter(older); other != "" {
+		by = fmt.Sprintf("its status is written by %q", other)
+	} else if svm.StateOf(older) == svm.Running {
+		by = "restow is carrying it out"
+	}
+	msg := fmt.Sprintf("Waiting for StorageVersionMigration %s (%s) of the same resource to end: they run one at a time, oldest first; %s. Delete it if nothing will finish it",
+		older.Name, svm.StateOf(older), by)
+	ctrl.LoggerFrom(ctx).Info("Waiting for an older StorageVersionMigration of the same resource", "older", older.Name)
+	r.Recorder.Eventf(u, nil, corev1.EventTypeNormal, WaitingForOlderReason, "Migrate", "%s", msg)
+}
+
+// olderActive returns an older StorageVersionMigration of gr that has not
+// ended: the migrations of one resource run one at a time, oldest first, as
+// in the in-tree controller.
+func (r *StorageVersionMigrationReconciler) olderActive(ctx context.Context, m *svmv1.StorageVersionMigration, gr schema.GroupResource) (*svmv1.StorageVersionMigration, error) {
 	all, err := svm.ForResource(ctx, r.Cache, r.Version, gr)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	for _, o := range all {
-		if o.Name == m.Name {
-			return "", nil
+		if o.UID == m.UID {
+			return nil, nil
 		}
 		if !svm.StateOf(o).Final() {
-			return o.Name, nil
+			return o, nil
 		}
 	}
-	return "", nil
+	return nil, nil
 }
 
 // currentResourceVersion is the resource version of a list of the target
