@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd from Go modules into bin/k8s/<version>-<os>-<arch>/,
+# Builds kube-apiserver, kube-controller-manager and etcd from Go modules into bin/k8s/<version>-<os>-<arch>/,
 # the layout KUBEBUILDER_ASSETS expects. No binary is downloaded: everything comes
 # from the Go module proxy.
 #
@@ -15,7 +15,7 @@ out="${2:?output directory}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 module="${here}/controlplane"
 
-if [[ -x "${out}/kube-apiserver" && -x "${out}/etcd" ]]; then
+if [[ -x "${out}/kube-apiserver" && -x "${out}/etcd" && -x "${out}/kube-controller-manager" ]]; then
   exit 0
 fi
 
@@ -33,7 +33,7 @@ if [[ "${version}" != "${default_version}" ]]; then
     sed -n '/^replace (/,/^)/p' "${kube_mod}" | awk -v v="v0.${version#1.}" '/=>/ {print "\t" $1 " => " $1 " " v}'
     echo ")"
   } >"${work}/go.mod"
-  (cd "${work}" && go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v${version}" "go.etcd.io/etcd/server/v3@${etcd_version}")
+  (cd "${work}" && go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v${version}" "k8s.io/kubernetes/cmd/kube-controller-manager@v${version}" "go.etcd.io/etcd/server/v3@${etcd_version}")
   module="${work}"
 fi
 
@@ -43,9 +43,18 @@ ldflags="-s -w -X ${pkg}.gitVersion=v${version} -X ${pkg}.gitMajor=${major} -X $
 
 mkdir -p "${out}"
 cd "${module}"
-echo "Building kube-apiserver v${version} and etcd into ${out} (first build takes several minutes)"
-CGO_ENABLED=0 go build -trimpath -ldflags "${ldflags}" -o "${out}/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${out}/etcd.tmp" go.etcd.io/etcd/server/v3
-mv "${out}/kube-apiserver.tmp" "${out}/kube-apiserver"
-mv "${out}/etcd.tmp" "${out}/etcd"
-echo "Built kube-apiserver v${version} and etcd in ${SECONDS}s"
+echo "Building the missing ones of kube-apiserver, kube-controller-manager v${version} and etcd into ${out} (first build takes several minutes)"
+# Each binary is built only if missing, so a directory built before
+# kube-controller-manager joined (its in-tree StorageVersionMigration
+# controller runs in the e2e suite) gains it alone.
+build() {
+  local name="$1" pkg="$2" flags="$3"
+  if [[ ! -x "${out}/${name}" ]]; then
+    CGO_ENABLED=0 go build -trimpath -ldflags "${flags}" -o "${out}/${name}.tmp" "${pkg}"
+    mv "${out}/${name}.tmp" "${out}/${name}"
+  fi
+}
+build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "${ldflags}"
+build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "${ldflags}"
+build etcd go.etcd.io/etcd/server/v3 "-s -w"
+echo "Built the control plane v${version} in ${SECONDS}s"

@@ -1,0 +1,186 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	eventsv1 "k8s.io/api/events/v1"
+	svmv1 "k8s.io/api/storagemigration/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/operator"
+	"github.com/restow/restow/internal/svm"
+	"github.com/restow/restow/internal/testenv"
+)
+
+// TestBesideTheInTreeController runs kube-controller-manager's own
+// StorageVersionMigration controller (built from source with kube-apiserver)
+// and restow's manager with --serve-storage-version-migrations on one
+// control plane, and ships a StorageVersionMigration beside a CRD whose
+// storage version switched, as a chart would. The in-tree controller claims
+// it within restow's grace, and restow starts while it migrates: restow
+// leaves it alone (a ControllerConflict
+// event, never a status write) and its automatic trigger holds back, so the
+// in-tree controller alone migrates: etcd holds every object at v1 at the end.
+func TestBesideTheInTreeController(t *testing.T) {
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{"../config/crd/bases"}, StorageVersionMigrations: true})
+	const n = 3000
+	fx := testenv.Fixture{Env: cp, Group: "intree.e2e.restow.dev", Kind: kind, Plural: plural, Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	if err := cp.EnsureNamespaces(t.Context(), "intree"); err != nil {
+		t.Fatal(err)
+	}
+	fx.CreateObjects(t, "v1beta1", n, func(int) map[string]any { return map[string]any{"size": int64(1)} }, "intree")
+	fx.SwitchStorage(t, "v1")
+
+	// After the CRD exists, so the garbage collector's first discovery,
+	// which the in-tree migrator reads objects through, includes it.
+	kcmLogs := &testenv.LockedBuffer{}
+	kcm, err := cp.StartControllerManager([]string{"garbage-collector-controller", "storage-version-migrator-controller"}, kcmLogs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := kcm.Stop(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("kube-controller-manager's log:\n%s", kcmLogs.String())
+		}
+	})
+
+	manifest := fmt.Sprintf(`apiVersion: storagemigration.k8s.io/v1
+kind: StorageVersionMigration
+metadata:
+  name: widgets-to-v1
+spec:
+  resource:
+    group: %s
+    resource: %s
+`, fx.Group, plural)
+	u := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(manifest), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	created := time.Now()
+	if err := cp.Client.Create(t.Context(), u); err != nil {
+		t.Fatal(err)
+	}
+	get := func(ctx context.Context) (*svmv1.StorageVersionMigration, error) {
+		got := svm.New("v1")
+		if err := cp.Client.Get(ctx, client.ObjectKey{Name: "widgets-to-v1"}, got); err != nil {
+			return nil, err
+		}
+		return svm.FromUnstructured(got)
+	}
+	var m *svmv1.StorageVersionMigration
+	err = wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if m, err = get(ctx); err != nil {
+			return false, err
+		}
+		return len(m.Status.Conditions) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the in-tree controller wrote no status: %v", err)
+	}
+	claimedAfter := time.Since(created)
+	if s := svm.StateOf(m); s.Final() {
+		t.Fatalf("the in-tree controller ended before restow started (%s): the test needs more objects", s)
+	}
+
+	// restow starts while the in-tree controller migrates, as it would
+	// when a chart ships the StorageVersionMigration beside the CRD.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{"--serve-storage-version-migrations"}})
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if m, err = get(ctx); err != nil {
+			return false, err
+		}
+		return svm.StateOf(m).Final(), nil
+	})
+	if err != nil {
+		t.Fatalf("the in-tree controller did not finish the StorageVersionMigration: %v", err)
+	}
+	t.Logf("kube-controller-manager wrote the first status %s after the StorageVersionMigration was created (restow waits %s before it claims one); it ended %s after %s",
+		claimedAfter.Round(time.Millisecond), "3s", svm.StateOf(m), time.Since(created).Round(100*time.Millisecond))
+	if s := svm.StateOf(m); s != svm.Succeeded {
+		t.Fatalf("state %s, want Succeeded; conditions %+v", s, m.Status.Conditions)
+	}
+	var managers []string
+	for _, f := range m.ManagedFields {
+		if f.Subresource == "status" {
+			managers = append(managers, f.Manager)
+		}
+	}
+	if slices.Contains(managers, controllers.StatusFieldOwner) || !slices.Contains(managers, "kube-controller-manager") {
+		t.Errorf("status field managers %v: want kube-controller-manager's and not restow's", managers)
+	}
+	fx.AssertAllStoredAt(t, "v1", n)
+
+	// restow saw the other controller and said it leaves the object alone.
+	waitEventFor(t, cp, svm.Kind, "widgets-to-v1", controllers.ControllerConflictReason)
+	// The trigger held back while the in-tree controller ran.
+	e := waitEventFor(t, cp, "CustomResourceDefinition", fx.CRDName(), "AutomaticMigrationHeldBack")
+	if !strings.Contains(e.Note, "StorageVersionMigration widgets-to-v1") {
+		t.Errorf("held-back event says %q, want it to name widgets-to-v1", e.Note)
+	}
+	// Since 1.36 the in-tree controller prunes status.storedVersions itself.
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return slices.Equal(fx.StoredVersions(t), []string{"v1"}), nil
+	})
+	if err != nil {
+		t.Errorf("status.storedVersions %v, want [v1] once the in-tree controller ended", fx.StoredVersions(t))
+	}
+	var sms migrationv1alpha1.StorageMigrationList
+	if err := cp.Client.List(t.Context(), &sms); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range sms.Items {
+		if sm.Spec.Resource.Group == fx.Group && meta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReconcilingCondition) {
+			t.Errorf("restow's StorageMigration %s migrates the resource beside the in-tree controller", sm.Name)
+		}
+	}
+	if os.Getenv("RESTOW_E2E_KEEP_KCM_LOG") != "" {
+		t.Logf("kube-controller-manager's log:\n%s", kcmLogs.String())
+	}
+}
+
+// waitEventFor waits for an event about the object of kind and name with reason.
+func waitEventFor(t *testing.T, cp *testenv.Env, kind, name, reason string) eventsv1.Event {
+	t.Helper()
+	var found *eventsv1.Event
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var list eventsv1.EventList
+		if err := cp.Client.List(ctx, &list); err != nil {
+			return false, err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason {
+				found = &e
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no %s event for %s %s: %v", reason, kind, name, err)
+	}
+	return *found
+}
