@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/svm"
 )
@@ -65,6 +67,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return err
 	}
 	log := ctrl.LoggerFrom(ctx)
+	if version != "" {
+		// A watch the service account may not list would keep the
+		// manager's caches from syncing, and the manager from starting.
+		err := mgr.GetAPIReader().List(ctx, svm.NewList(version), client.Limit(1))
+		if apierrors.IsForbidden(err) {
+			log.Error(err, "Leaving standard StorageVersionMigrations out: the service account may not list them (the ClusterRole of this release grants it)")
+			version = ""
+		}
+	}
 	var standard *StandardMigrations
 	if version != "" {
 		standard = &StandardMigrations{Version: version, Reader: mgr.GetCache(), Served: opts.ServeStandard}
