@@ -192,8 +192,9 @@ func decodeCRD(t *testing.T, file string) *apiextensionsv1.CustomResourceDefinit
 // not know: strict YAML, and the API server checks the rest.
 func decodeObjects(t *testing.T, file string) []*unstructured.Unstructured {
 	t.Helper()
-	var out []*unstructured.Unstructured
-	for _, doc := range readDocuments(t, file) {
+	docs := readDocuments(t, file)
+	out := make([]*unstructured.Unstructured, 0, len(docs))
+	for _, doc := range docs {
 		_, _, err := serializer.NewCodecFactory(env.Scheme).UniversalDeserializer().Decode(doc, nil, nil)
 		if !runtime.IsNotRegisteredError(err) {
 			t.Fatalf("%s: %v: want only objects of the sample CRD", file, err)
