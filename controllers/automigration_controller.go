@@ -233,7 +233,7 @@ func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector
 	switch {
 	case len(others) > 0 && len(automatic) > 0:
 		return autoDecision{action: autoRetire, retire: automatic, why: fmt.Sprintf("StorageMigration %s covers the resource", others[0].Name)}
-	case standard != nil && standard.State == svm.Running && len(automatic) > 0:
+	case standard != nil && standard.State != svm.Pending && len(automatic) > 0:
 		// Only for one under way: a Pending one may have no controller.
 		return autoDecision{action: autoRetire, retire: automatic, why: standardWhy(standard)}
 	case len(covering) > 0:
@@ -254,6 +254,9 @@ func decideAutoMigration(crd *apiextensionsv1.CustomResourceDefinition, selector
 }
 
 func standardWhy(m *svm.Migration) string {
+	if m.State.Final() {
+		return fmt.Sprintf("StorageVersionMigration %s (%s) has not been wound up by its controller yet, which prunes status.storedVersions next", m.Name, m.State)
+	}
 	if m.State == svm.Pending {
 		return fmt.Sprintf("StorageVersionMigration %s (Pending: no controller has started it yet) is to migrate the resource", m.Name)
 	}

@@ -94,6 +94,8 @@ func TestDecideAutoMigration(t *testing.T) {
 			want:     autoRetire, wantRetired: []string{"widgets.example.com"}},
 		{name: "a pending standard migration: the automatic one stays", crd: crd(switched), standard: &svm.Migration{Name: "widgets-v1", State: svm.Pending},
 			covering: []*migrationv1alpha1.StorageMigration{migration("widgets.example.com", true, uid)}, want: autoNothing},
+		{name: "a standard migration that succeeded but is not wound up: held back", crd: crd(switched),
+			standard: &svm.Migration{Name: "widgets-v1", State: svm.Succeeded}, want: autoHoldBack},
 		{name: "a pending standard migration: held back", crd: crd(switched), standard: &svm.Migration{Name: "widgets-v1", State: svm.Pending}, want: autoHoldBack},
 		{name: "a standard migration and a user-made one: nothing deleted", crd: crd(switched), standard: running,
 			covering: []*migrationv1alpha1.StorageMigration{migration("mine", false, "")}, want: autoNothing},

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -46,15 +47,15 @@ func (s *StandardMigrations) forResource(ctx context.Context, gr schema.GroupRes
 	return out, nil
 }
 
-// active returns the oldest StorageVersionMigration of gr that has not
-// ended, or nil.
+// active returns the oldest StorageVersionMigration of gr whose controller
+// is not done with it (see svm.Over), or nil.
 func (s *StandardMigrations) active(ctx context.Context, gr schema.GroupResource) (*svm.Migration, error) {
 	all, err := s.forResource(ctx, gr)
 	if err != nil {
 		return nil, err
 	}
 	for i := range all {
-		if !all[i].State.Final() {
+		if !all[i].Over {
 			return &all[i], nil
 		}
 	}
@@ -80,7 +81,9 @@ var standardStateChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool { return standardState(e.ObjectOld) != standardState(e.ObjectNew) },
 }
 
-func standardState(o client.Object) svm.State {
+// standardState is a StorageVersionMigration's state, and whether its
+// controller is done with it.
+func standardState(o client.Object) string {
 	u, ok := o.(*unstructured.Unstructured)
 	if !ok {
 		return ""
@@ -89,7 +92,7 @@ func standardState(o client.Object) svm.State {
 	if err != nil {
 		return ""
 	}
-	return svm.StateOf(m)
+	return fmt.Sprintf("%s/%t", svm.StateOf(m), svm.Over(m))
 }
 
 // statusStandard is status.storageVersionMigrations for ms: the newest

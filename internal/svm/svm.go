@@ -132,13 +132,24 @@ func StateOf(m *svmv1.StorageVersionMigration) State {
 	return Pending
 }
 
-// Final reports whether s is an end: the migration does nothing more.
+// Final reports whether s is an end: the migration rewrites nothing more.
 func (s State) Final() bool { return s == Succeeded || s == Failed }
+
+// Over reports whether m's controller is done with it: it ended, and
+// Running is no longer true. The in-tree controller records the end first
+// and only then, in a later step, prunes the CRD's status.storedVersions and
+// sets Running to false; a migration that Succeeded with Running still true
+// is about to prune.
+func Over(m *svmv1.StorageVersionMigration) bool {
+	return StateOf(m).Final() && !meta.IsStatusConditionTrue(m.Status.Conditions, string(svmv1.MigrationRunning))
+}
 
 // Migration is what restow shows of a standard StorageVersionMigration.
 type Migration struct {
-	Name    string
-	State   State
+	Name  string
+	State State
+	// Over says its controller is done with it (see Over).
+	Over    bool
 	Created time.Time
 	// Message is the message of the condition that gives the state, if any.
 	Message string
@@ -147,7 +158,7 @@ type Migration struct {
 // Summarize is what restow shows of m.
 func Summarize(m *svmv1.StorageVersionMigration) Migration {
 	s := StateOf(m)
-	out := Migration{Name: m.Name, State: s, Created: m.CreationTimestamp.Time}
+	out := Migration{Name: m.Name, State: s, Over: Over(m), Created: m.CreationTimestamp.Time}
 	if c := meta.FindStatusCondition(m.Status.Conditions, string(s)); c != nil {
 		out.Message = c.Message
 	}
