@@ -252,6 +252,8 @@ type PassProgress struct {
 	// +kubebuilder:validation:MaxLength=128
 	// +optional
 	CRDUID string `json:"crdUID,omitempty"`
+	// crdGeneration is the CRD's metadata.generation when the pass started
+	// (see crdUID).
 	// +optional
 	CRDGeneration int64 `json:"crdGeneration,omitempty"`
 
