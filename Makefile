@@ -10,6 +10,7 @@ K8S_COMPAT_VERSIONS ?= 1.34.4 1.35.4 1.36.3
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
 ACTIONLINT_VERSION ?= v1.7.12
+CRD_REF_DOCS_VERSION ?= v0.3.0
 
 GOOS ?= $(shell go env GOOS)
 GOARCH ?= $(shell go env GOARCH)
@@ -17,6 +18,7 @@ LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 ACTIONLINT ?= $(LOCALBIN)/actionlint-$(ACTIONLINT_VERSION)
+CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)
 envtest_assets = $(LOCALBIN)/k8s/$(1)-$(GOOS)-$(GOARCH)
 ENVTEST_ASSETS ?= $(call envtest_assets,$(K8S_VERSION))
 
@@ -61,6 +63,12 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests into config/
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./..."
 
+# Configuration and templates in hack/api-docs; make verify keeps the page in step with the Go types.
+.PHONY: api-docs
+api-docs: $(CRD_REF_DOCS) ## Generate the API reference docs/api-reference.md from the Go types in api/.
+	$(CRD_REF_DOCS) --source-path=./api --config=hack/api-docs/config.yaml --renderer=markdown \
+	  --templates-dir=hack/api-docs/templates --output-path=docs/api-reference.md --log-level=WARN
+
 .PHONY: fmt
 fmt: ## Run gofmt on the code.
 	gofmt -s -w $$(git ls-files '*.go')
@@ -79,13 +87,13 @@ lint-workflows: $(ACTIONLINT) ## Check .github/workflows with actionlint.
 	$(ACTIONLINT)
 
 .PHONY: verify
-verify: generate manifests ## Regenerate, check formatting and go.mod, fail on any difference from git.
+verify: generate manifests api-docs ## Regenerate, check formatting and go.mod, fail on any difference from git.
 	@unformatted=$$(gofmt -s -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt -s would change:"; echo "$$unformatted"; exit 1; fi
 	go mod tidy
 	cd hack/controlplane && go mod tidy
 	@if [ -n "$$(git status --porcelain)" ]; then \
-	  echo "The tree is not clean after regenerating (run make generate manifests and go mod tidy, then commit):"; \
+	  echo "The tree is not clean after regenerating (run make generate manifests api-docs and go mod tidy, then commit):"; \
 	  git status --porcelain; git --no-pager diff --stat; exit 1; fi
 
 ##@ Test
@@ -214,3 +222,7 @@ $(GOLANGCI_LINT): | $(LOCALBIN)
 $(ACTIONLINT): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 	mv $(LOCALBIN)/actionlint $@
+
+$(CRD_REF_DOCS): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
+	mv $(LOCALBIN)/crd-ref-docs $@
