@@ -10,6 +10,11 @@ K8S_COMPAT_VERSIONS ?= 1.34.4 1.35.4 1.36.3
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
 ACTIONLINT_VERSION ?= v1.7.12
+# SBOMs of the binaries, from the Go module graph (make sbom, make sbom-dist).
+CYCLONEDX_GOMOD_VERSION ?= v1.10.0
+# The cosign the signing test runs (internal/supplychain), and the one the
+# release workflow installs to sign a release (docs/release.md).
+COSIGN_VERSION ?= v3.1.3
 CRD_REF_DOCS_VERSION ?= v0.3.0
 
 GOOS ?= $(shell go env GOOS)
@@ -18,6 +23,8 @@ LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 ACTIONLINT ?= $(LOCALBIN)/actionlint-$(ACTIONLINT_VERSION)
+CYCLONEDX_GOMOD ?= $(LOCALBIN)/cyclonedx-gomod-$(CYCLONEDX_GOMOD_VERSION)
+COSIGN ?= $(LOCALBIN)/cosign-$(COSIGN_VERSION)
 CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)
 envtest_assets = $(LOCALBIN)/k8s/$(1)-$(GOOS)-$(GOARCH)
 ENVTEST_ASSETS ?= $(call envtest_assets,$(K8S_VERSION))
@@ -110,6 +117,12 @@ test: test-integration ## Run unit and integration tests (real API server and et
 .PHONY: test-integration
 test-integration: envtest-assets ## Run unit and integration tests (real API server and etcd) only.
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test $(GO_TEST_FLAGS) ./...
+
+# The SBOM and signing tests (internal/supplychain) run the Makefile's own
+# cyclonedx-gomod and cosign, which they find in these variables.
+test-integration: $(CYCLONEDX_GOMOD) $(COSIGN)
+test-integration: export CYCLONEDX_GOMOD := $(CYCLONEDX_GOMOD)
+test-integration: export COSIGN := $(COSIGN)
 
 # Object counts and where the figures, tables and plots go (docs/bench/).
 RESTOW_BENCH_SIZES ?= 1000,10000,50000
@@ -206,6 +219,30 @@ dist: ## Cross-build kubectl-restow for DIST_PLATFORMS: dist/ archives, checksum
 	done
 	go run ./hack/krew --version $(VERSION) --binaries dist/bin --license LICENSE --dist dist
 
+# SBOMs: CycloneDX JSON from the Go module graph as it is for one platform
+# (GOOS, GOARCH; cgo off, as in every release build), with the licenses
+# found in the modules' sources. No timestamp or serial number: one commit
+# gives the same files, as it gives the same archives.
+CYCLONEDX_GOMOD_FLAGS ?= -json -licenses -notimestamp -noserial
+SBOM_DIR ?= $(LOCALBIN)/sbom
+
+.PHONY: sbom
+sbom: $(CYCLONEDX_GOMOD) ## Write CycloneDX SBOMs of the manager and the kubectl plugin for GOOS/GOARCH into SBOM_DIR (bin/sbom/<binary>.cdx.json).
+	mkdir -p $(SBOM_DIR)
+	for main in manager kubectl-restow; do \
+	  CGO_ENABLED=0 GOOS=$(GOOS) GOARCH=$(GOARCH) $(CYCLONEDX_GOMOD) app $(CYCLONEDX_GOMOD_FLAGS) \
+	    -main cmd/$$main -output $(SBOM_DIR)/$$main.cdx.json; \
+	done
+
+# After make dist, which removes earlier runs' SBOMs with its archives.
+.PHONY: sbom-dist
+sbom-dist: $(CYCLONEDX_GOMOD) ## Write the SBOM of each make dist archive: dist/kubectl-restow_<version>_<os>_<arch>.cdx.json.
+	for platform in $(DIST_PLATFORMS); do \
+	  os=$${platform%/*}; arch=$${platform#*/}; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(CYCLONEDX_GOMOD) app $(CYCLONEDX_GOMOD_FLAGS) \
+	    -main cmd/kubectl-restow -output dist/kubectl-restow_$(VERSION)_$${os}_$${arch}.cdx.json; \
+	done
+
 ##@ Tools
 
 $(LOCALBIN):
@@ -222,6 +259,15 @@ $(GOLANGCI_LINT): | $(LOCALBIN)
 $(ACTIONLINT): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 	mv $(LOCALBIN)/actionlint $@
+
+$(CYCLONEDX_GOMOD): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION)
+	mv $(LOCALBIN)/cyclonedx-gomod $@
+
+# About five minutes on 2 cores with a cold build cache.
+$(COSIGN): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install github.com/sigstore/cosign/v3/cmd/cosign@$(COSIGN_VERSION)
+	mv $(LOCALBIN)/cosign $@
 
 $(CRD_REF_DOCS): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
