@@ -16,6 +16,9 @@ CYCLONEDX_GOMOD_VERSION ?= v1.10.0
 # release workflow installs to sign a release (docs/release.md).
 COSIGN_VERSION ?= v3.1.3
 CRD_REF_DOCS_VERSION ?= v0.3.0
+# Prometheus' module version v0.316.0 is Prometheus 3.x; its promtool runs
+# the alert rules' unit tests (config.TestAlertRules).
+PROMTOOL_VERSION ?= v0.316.0
 
 GOOS ?= $(shell go env GOOS)
 GOARCH ?= $(shell go env GOARCH)
@@ -26,6 +29,7 @@ ACTIONLINT ?= $(LOCALBIN)/actionlint-$(ACTIONLINT_VERSION)
 CYCLONEDX_GOMOD ?= $(LOCALBIN)/cyclonedx-gomod-$(CYCLONEDX_GOMOD_VERSION)
 COSIGN ?= $(LOCALBIN)/cosign-$(COSIGN_VERSION)
 CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)
+PROMTOOL ?= $(LOCALBIN)/promtool-$(PROMTOOL_VERSION)
 envtest_assets = $(LOCALBIN)/k8s/$(1)-$(GOOS)-$(GOARCH)
 ENVTEST_ASSETS ?= $(call envtest_assets,$(K8S_VERSION))
 
@@ -65,6 +69,8 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests into config/
 	@# The chart templates these copies (charts/restow/templates/crds.yaml, rbac.yaml); make verify keeps them in step.
 	cp config/crd/bases/migration.restow.dev_storagemigrations.yaml $(CHART_DIR)/files/
 	cp config/rbac/role.yaml $(CHART_DIR)/files/manager-role.yaml
+	cp config/components/prometheus-rules/prometheusrule.yaml $(CHART_DIR)/files/prometheusrule.yaml
+	cp config/grafana/restow-dashboard.json $(CHART_DIR)/files/restow-dashboard.json
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
@@ -115,8 +121,8 @@ test: test-integration ## Run unit and integration tests (real API server and et
 	$(MAKE) --no-print-directory test-e2e
 
 .PHONY: test-integration
-test-integration: envtest-assets ## Run unit and integration tests (real API server and etcd) only.
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test $(GO_TEST_FLAGS) ./...
+test-integration: envtest-assets $(PROMTOOL) ## Run unit and integration tests (real API server and etcd) only.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) PROMTOOL=$(PROMTOOL) go test $(GO_TEST_FLAGS) ./...
 
 # The SBOM and signing tests (internal/supplychain) run the Makefile's own
 # cyclonedx-gomod and cosign, which they find in these variables.
@@ -272,3 +278,7 @@ $(COSIGN): | $(LOCALBIN)
 $(CRD_REF_DOCS): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
 	mv $(LOCALBIN)/crd-ref-docs $@
+
+$(PROMTOOL): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+	mv $(LOCALBIN)/promtool $@
