@@ -10,10 +10,13 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strconv"
+	"strings"
 
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	chartutil "helm.sh/helm/v4/pkg/chart/v2/util"
+	"sigs.k8s.io/yaml"
 )
 
 func main() {
@@ -48,6 +51,9 @@ func packageChart(chartDir, version, appVersion, imageRepository, output string)
 			return "", err
 		}
 	}
+	if err := setArtifactHubAnnotations(ch); err != nil {
+		return "", fmt.Errorf("chart %s: %w", chartDir, err)
+	}
 	// What `helm lint` and `helm package` refuse: a version that is not
 	// SemVer, a missing name.
 	if err := ch.Validate(); err != nil {
@@ -80,5 +86,48 @@ func setImageRepository(ch *chart.Chart, repository string) error {
 		}
 		f.Data = imageRepositoryLine.ReplaceAllLiteral(f.Data, []byte("  repository: "+repository))
 	}
+	return nil
+}
+
+// Artifact Hub's annotations that follow the version being packaged.
+const (
+	artifactHubImages     = "artifacthub.io/images"
+	artifactHubPrerelease = "artifacthub.io/prerelease"
+)
+
+// artifactHubImage is one entry of artifacthub.io/images.
+type artifactHubImage struct {
+	Name  string `json:"name"`
+	Image string `json:"image"`
+}
+
+// setArtifactHubAnnotations points Chart.yaml's one artifacthub.io/images
+// entry at the image the chart runs by default, image.repository at
+// image.tag or else appVersion, and marks a SemVer pre-release version as
+// one, which Artifact Hub then does not offer as the latest.
+func setArtifactHubAnnotations(ch *chart.Chart) error {
+	var images []artifactHubImage
+	if err := yaml.UnmarshalStrict([]byte(ch.Metadata.Annotations[artifactHubImages]), &images); err != nil {
+		return fmt.Errorf("annotation %s: %w", artifactHubImages, err)
+	}
+	if len(images) != 1 {
+		return fmt.Errorf("annotation %s lists %d images, want the manager's one", artifactHubImages, len(images))
+	}
+	image, _ := ch.Values["image"].(map[string]any)
+	repository, _ := image["repository"].(string)
+	tag, _ := image["tag"].(string)
+	if repository == "" {
+		return fmt.Errorf("values.yaml has no image.repository")
+	}
+	if tag == "" {
+		tag = ch.Metadata.AppVersion
+	}
+	images[0].Image = repository + ":" + tag
+	data, err := yaml.Marshal(images)
+	if err != nil {
+		return err
+	}
+	ch.Metadata.Annotations[artifactHubImages] = string(data)
+	ch.Metadata.Annotations[artifactHubPrerelease] = strconv.FormatBool(strings.Contains(ch.Metadata.Version, "-"))
 	return nil
 }
