@@ -104,7 +104,7 @@ type artifactHubImage struct {
 // setArtifactHubAnnotations points Chart.yaml's one artifacthub.io/images
 // entry at the image the chart runs by default, image.repository at
 // image.tag or else appVersion, and marks a SemVer pre-release version as
-// one, which Artifact Hub then does not offer as the latest.
+// one (artifacthub.io/prerelease), which Artifact Hub shows on the version.
 func setArtifactHubAnnotations(ch *chart.Chart) error {
 	var images []artifactHubImage
 	if err := yaml.UnmarshalStrict([]byte(ch.Metadata.Annotations[artifactHubImages]), &images); err != nil {
