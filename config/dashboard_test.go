@@ -64,7 +64,7 @@ var metricName = regexp.MustCompile(`\b(restow_[a-z_]+|rest_client_[a-z_]+)\b`)
 // as config/default has it, really serves after a migration.
 func TestGrafanaDashboard(t *testing.T) {
 	queries := dashboardQueries(t)
-	var rules []map[string]any
+	rules := make([]map[string]any, 0, len(queries))
 	names := map[string]bool{}
 	for i, title := range slices.Sorted(maps.Keys(queries)) {
 		rules = append(rules, map[string]any{"record": fmt.Sprintf("restow:dashboard_query_%d", i), "expr": queries[title]})
