@@ -35,7 +35,7 @@ import (
 	"github.com/restow/restow/internal/testenv"
 )
 
-// TestLeastPrivilegeRBAC runs restow with nothing but the RBAC that
+// TestManagerRBAC runs restow with nothing but the RBAC that
 // config/default installs, as its service account, on the test control
 // plane, which authorizes with RBAC:
 //
@@ -48,7 +48,7 @@ import (
 //     is not named;
 //   - the manager binary, authenticated as the service account, holds the
 //     leader election lease and migrates a CRD.
-func TestLeastPrivilegeRBAC(t *testing.T) {
+func TestManagerRBAC(t *testing.T) {
 	ctx := t.Context()
 	objs := render(t, "default")
 	apply(t, objs)
