@@ -2,26 +2,21 @@ package controllers_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	eventsv1 "k8s.io/api/events/v1"
 	svmv1 "k8s.io/api/storagemigration/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
-	"github.com/restow/restow/internal/controlplane"
 	"github.com/restow/restow/internal/svm"
 	"github.com/restow/restow/internal/testenv"
 )
@@ -31,76 +26,12 @@ import (
 // manager of its writes after the part before the first slash.
 const inTreeUserAgent = "kube-controller-manager/v1.37.1 (linux/amd64) kubernetes/3b1c8a2/storage-version-migrator-controller"
 
-// servedStandardVersion returns the version of storagemigration.k8s.io the
-// test control plane serves. Before 1.35 it has only the alpha, which restow
-// does not speak: the test is skipped there (make test-compat's 1.34 run).
-func servedStandardVersion(t *testing.T) string {
-	t.Helper()
-	disco, err := discovery.NewDiscoveryClientForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	version, err := svm.ServedVersion(disco)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if version == "" {
-		minor, err := controlplane.APIServerMinor()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if minor >= 35 {
-			t.Fatalf("kube-apiserver 1.%d serves no beta or GA storagemigration.k8s.io: the control plane's flags are missing", minor)
-		}
-		t.Skipf("kube-apiserver 1.%d serves storagemigration.k8s.io as alpha only", minor)
-	}
-	t.Logf("The control plane serves storagemigration.k8s.io/%s", version)
-	return version
-}
-
-// createStandardMigration creates a StorageVersionMigration of the
-// fixture's resource from YAML, as a CRD author's manifest ships it, and
-// deletes it when the test ends.
-func (f fixture) createStandardMigration(t *testing.T, version, name string) {
-	t.Helper()
-	manifest := fmt.Sprintf(`apiVersion: storagemigration.k8s.io/%s
-kind: StorageVersionMigration
-metadata:
-  name: %s
-spec:
-  resource:
-    group: %s
-    resource: %s
-`, version, name, f.group, f.plural)
-	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal([]byte(manifest), &u.Object); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Client.Create(t.Context(), u); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := env.Client.Delete(context.Background(), u); client.IgnoreNotFound(err) != nil {
-			t.Error(err)
-		}
-	})
-}
-
-// getStandard reads a StorageVersionMigration live.
-func getStandard(ctx context.Context, version, name string) (*svmv1.StorageVersionMigration, error) {
-	u := svm.New(version)
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
-		return nil, err
-	}
-	return svm.FromUnstructured(u)
-}
-
 // waitForStandard polls a StorageVersionMigration until done says so.
 func waitForStandard(t *testing.T, version, name string, timeout time.Duration, what string, done func(*svmv1.StorageVersionMigration) bool) *svmv1.StorageVersionMigration {
 	t.Helper()
 	var last *svmv1.StorageVersionMigration
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		m, err := getStandard(ctx, version, name)
+		m, err := env.StandardMigration(ctx, version, name)
 		if err != nil {
 			return false, err
 		}
@@ -140,7 +71,7 @@ func writeAsInTree(t *testing.T, version, name string, mutate func(*svmv1.Storag
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := getStandard(t.Context(), version, name)
+	m, err := env.StandardMigration(t.Context(), version, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,29 +89,6 @@ func condition(t svmv1.MigrationConditionType, reason, message string) metav1.Co
 	return metav1.Condition{Type: string(t), Status: metav1.ConditionTrue, Reason: reason, Message: message, LastTransitionTime: metav1.Now()}
 }
 
-// waitObjectEvent waits for an event about the object of kind and name with reason.
-func waitObjectEvent(t *testing.T, kind, name, reason string) eventsv1.Event {
-	t.Helper()
-	var found *eventsv1.Event
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		var list eventsv1.EventList
-		if err := env.Client.List(ctx, &list); err != nil {
-			return false, err
-		}
-		for _, e := range list.Items {
-			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason {
-				found = &e
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("no %s event for %s %s: %v", reason, kind, name, err)
-	}
-	return *found
-}
-
 // TestServesStandardStorageVersionMigration: with
 // --serve-storage-version-migrations, a StorageVersionMigration shipped
 // beside a CRD whose storage version switched is carried to Succeeded by
@@ -188,7 +96,7 @@ func waitObjectEvent(t *testing.T, kind, name, reason string) eventsv1.Event {
 // version is pruned from status.storedVersions; restow alone writes its
 // status, in the standard shape.
 func TestServesStandardStorageVersionMigration(t *testing.T) {
-	version := servedStandardVersion(t)
+	version := env.StandardVersion(t)
 	f := fixture{group: "served.svm.restow.dev", kind: "Gadget", plural: "gadgets", namespaced: true}
 	f.install(t, "v1beta1", "v1")
 	ensureNamespaces(t, "svm-a", "svm-b")
@@ -197,7 +105,7 @@ func TestServesStandardStorageVersionMigration(t *testing.T) {
 	f.assertStored(t, "v1beta1", 300)
 
 	startManagerWith(t, nil, controllers.Options{ServeStandard: true, PageSize: 100})
-	f.createStandardMigration(t, version, "gadgets-to-v1")
+	env.CreateStandardMigration(t, version, "gadgets-to-v1", f.groupResource())
 
 	m := waitForStandard(t, version, "gadgets-to-v1", 2*time.Minute, "Succeeded", func(m *svmv1.StorageVersionMigration) bool {
 		return svm.StateOf(m).Final()
@@ -221,7 +129,7 @@ func TestServesStandardStorageVersionMigration(t *testing.T) {
 	if got := statusManagers(m); !slices.Equal(got, []string{controllers.StatusFieldOwner}) {
 		t.Errorf("status field managers %v, want only %s", got, controllers.StatusFieldOwner)
 	}
-	waitObjectEvent(t, svm.Kind, "gadgets-to-v1", migrationv1alpha1.SucceededReason)
+	env.WaitEvent(t, svm.Kind, "gadgets-to-v1", migrationv1alpha1.SucceededReason)
 }
 
 // TestStandardMigrationOfAnotherControllerIsLeftAlone: a
@@ -230,24 +138,24 @@ func TestServesStandardStorageVersionMigration(t *testing.T) {
 // restow, which says why in a Warning event: two controllers never write one
 // status.
 func TestStandardMigrationOfAnotherControllerIsLeftAlone(t *testing.T) {
-	version := servedStandardVersion(t)
+	version := env.StandardVersion(t)
 	f := fixture{group: "intree.svm.restow.dev", kind: "Gizmo", plural: "gizmos"}
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 50)
 	f.switchStorage(t, "v1")
-	f.createStandardMigration(t, version, "gizmos-to-v1")
+	env.CreateStandardMigration(t, version, "gizmos-to-v1", f.groupResource())
 	writeAsInTree(t, version, "gizmos-to-v1", func(m *svmv1.StorageVersionMigration) {
 		m.Status.Conditions = append(m.Status.Conditions, condition(svmv1.MigrationRunning, "MigrationRunning", "The migration is running"))
 	})
 
 	startManagerWith(t, nil, controllers.Options{ServeStandard: true})
-	e := waitObjectEvent(t, svm.Kind, "gizmos-to-v1", controllers.ControllerConflictReason)
+	e := env.WaitEvent(t, svm.Kind, "gizmos-to-v1", controllers.ControllerConflictReason)
 	if e.Type != "Warning" {
 		t.Errorf("event type %s, want Warning", e.Type)
 	}
 	// restow has seen the object: give it time to act if it were to.
 	time.Sleep(2 * time.Second)
-	m, err := getStandard(t.Context(), version, "gizmos-to-v1")
+	m, err := env.StandardMigration(t.Context(), version, "gizmos-to-v1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,16 +172,16 @@ func TestStandardMigrationOfAnotherControllerIsLeftAlone(t *testing.T) {
 // StorageMigrations' status. Once the other controller ends it Failed, with
 // old versions still stored, the trigger takes over and migrates.
 func TestStandardMigrationHoldsBackAutomaticTrigger(t *testing.T) {
-	version := servedStandardVersion(t)
+	version := env.StandardVersion(t)
 	f := fixture{group: "defer.svm.restow.dev", kind: "Doohickey", plural: "doohickeys"}
 	f.deleteMigrationsAtEnd(t)
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 40)
-	f.createStandardMigration(t, version, "doohickeys-to-v1")
+	env.CreateStandardMigration(t, version, "doohickeys-to-v1", f.groupResource())
 	f.switchStorage(t, "v1")
 
 	startManagerWith(t, nil, controllers.Options{AutoMigrate: true, DeferToStandard: true})
-	e := waitObjectEvent(t, "CustomResourceDefinition", f.crdName(), "AutomaticMigrationHeldBack")
+	e := env.WaitEvent(t, "CustomResourceDefinition", f.crdName(), "AutomaticMigrationHeldBack")
 	if want := "StorageVersionMigration doohickeys-to-v1 (Pending"; !strings.Contains(e.Note, want) {
 		t.Errorf("event says %q, want it to name %q", e.Note, want)
 	}
@@ -300,12 +208,12 @@ func TestStandardMigrationHoldsBackAutomaticTrigger(t *testing.T) {
 // TestDeferToStandardOff: with --defer-to-storage-version-migrations=false
 // the trigger migrates beside a pending StorageVersionMigration.
 func TestDeferToStandardOff(t *testing.T) {
-	version := servedStandardVersion(t)
+	version := env.StandardVersion(t)
 	f := fixture{group: "nodefer.svm.restow.dev", kind: "Thingamajig", plural: "thingamajigs"}
 	f.deleteMigrationsAtEnd(t)
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 20)
-	f.createStandardMigration(t, version, "thingamajigs-to-v1")
+	env.CreateStandardMigration(t, version, "thingamajigs-to-v1", f.groupResource())
 	f.switchStorage(t, "v1")
 
 	startManagerWith(t, nil, controllers.Options{AutoMigrate: true})
@@ -322,7 +230,7 @@ func TestDeferToStandardOff(t *testing.T) {
 // final answer, as the API defines it), naming the object, with every other
 // object re-stored and nothing pruned.
 func TestServedStandardMigrationFailsNamingTheObject(t *testing.T) {
-	version := servedStandardVersion(t)
+	version := env.StandardVersion(t)
 	ctx := t.Context()
 	f := fixture{group: "failed.svm.restow.dev", kind: "Widget", plural: "widgets", namespaced: true}
 	f.install(t, "v1beta1", "v1")
@@ -336,7 +244,7 @@ func TestServedStandardMigrationFailsNamingTheObject(t *testing.T) {
 	f.switchStorage(t, "v1")
 
 	startManagerWith(t, nil, controllers.Options{ServeStandard: true})
-	f.createStandardMigration(t, version, "widgets-to-v1")
+	env.CreateStandardMigration(t, version, "widgets-to-v1", f.groupResource())
 	m := waitForStandard(t, version, "widgets-to-v1", time.Minute, "finished", func(m *svmv1.StorageVersionMigration) bool {
 		return svm.StateOf(m).Final()
 	})
@@ -351,5 +259,9 @@ func TestServedStandardMigrationFailsNamingTheObject(t *testing.T) {
 	}
 	f.fx().AssertStored(t, map[string]int{"v1": 119, "v1beta1": 1})
 	f.assertStoredVersions(t, "v1beta1", "v1")
-	waitObjectEvent(t, svm.Kind, "widgets-to-v1", migrationv1alpha1.ObjectsFailedReason)
+	env.WaitEvent(t, svm.Kind, "widgets-to-v1", migrationv1alpha1.ObjectsFailedReason)
+}
+
+func (f fixture) groupResource() schema.GroupResource {
+	return schema.GroupResource{Group: f.group, Resource: f.plural}
 }

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,12 +11,9 @@ import (
 	"testing"
 	"time"
 
-	eventsv1 "k8s.io/api/events/v1"
 	svmv1 "k8s.io/api/storagemigration/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
@@ -62,29 +58,10 @@ func TestBesideTheInTreeController(t *testing.T) {
 		}
 	})
 
-	manifest := fmt.Sprintf(`apiVersion: storagemigration.k8s.io/v1
-kind: StorageVersionMigration
-metadata:
-  name: widgets-to-v1
-spec:
-  resource:
-    group: %s
-    resource: %s
-`, fx.Group, plural)
-	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal([]byte(manifest), &u.Object); err != nil {
-		t.Fatal(err)
-	}
 	created := time.Now()
-	if err := cp.Client.Create(t.Context(), u); err != nil {
-		t.Fatal(err)
-	}
+	cp.CreateStandardMigration(t, "v1", "widgets-to-v1", schema.GroupResource{Group: fx.Group, Resource: plural})
 	get := func(ctx context.Context) (*svmv1.StorageVersionMigration, error) {
-		got := svm.New("v1")
-		if err := cp.Client.Get(ctx, client.ObjectKey{Name: "widgets-to-v1"}, got); err != nil {
-			return nil, err
-		}
-		return svm.FromUnstructured(got)
+		return cp.StandardMigration(ctx, "v1", "widgets-to-v1")
 	}
 	var m *svmv1.StorageVersionMigration
 	err = wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -134,9 +111,9 @@ spec:
 	fx.AssertAllStoredAt(t, "v1", n)
 
 	// restow saw the other controller and said it leaves the object alone.
-	waitEventFor(t, cp, svm.Kind, "widgets-to-v1", controllers.ControllerConflictReason)
+	cp.WaitEvent(t, svm.Kind, "widgets-to-v1", controllers.ControllerConflictReason)
 	// The trigger held back while the in-tree controller ran.
-	e := waitEventFor(t, cp, "CustomResourceDefinition", fx.CRDName(), "AutomaticMigrationHeldBack")
+	e := cp.WaitEvent(t, "CustomResourceDefinition", fx.CRDName(), "AutomaticMigrationHeldBack")
 	if !strings.Contains(e.Note, "StorageVersionMigration widgets-to-v1") {
 		t.Errorf("held-back event says %q, want it to name widgets-to-v1", e.Note)
 	}
@@ -161,27 +138,4 @@ spec:
 	if os.Getenv("RESTOW_E2E_KEEP_KCM_LOG") != "" {
 		t.Logf("kube-controller-manager's log:\n%s", kcmLogs.String())
 	}
-}
-
-// waitEventFor waits for an event about the object of kind and name with reason.
-func waitEventFor(t *testing.T, cp *testenv.Env, kind, name, reason string) eventsv1.Event {
-	t.Helper()
-	var found *eventsv1.Event
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		var list eventsv1.EventList
-		if err := cp.Client.List(ctx, &list); err != nil {
-			return false, err
-		}
-		for _, e := range list.Items {
-			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason {
-				found = &e
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("no %s event for %s %s: %v", reason, kind, name, err)
-	}
-	return *found
 }

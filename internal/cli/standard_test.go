@@ -13,73 +13,17 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	svmv1 "k8s.io/api/storagemigration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/discovery"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
-	"github.com/restow/restow/internal/controlplane"
 	"github.com/restow/restow/internal/svm"
 )
 
 // anotherMigrator is the start of the note that a StorageVersionMigration
 // which has not ended hands the resource to another migrator.
 const anotherMigrator = "another migrator (the in-tree controller of kube-controller-manager"
-
-// servedStandardVersion returns the version of storagemigration.k8s.io the
-// test control plane serves. Before 1.35 it has only the alpha, which restow
-// does not speak: the test is skipped there.
-func servedStandardVersion(t *testing.T) string {
-	t.Helper()
-	disco, err := discovery.NewDiscoveryClientForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	version, err := svm.ServedVersion(disco)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if version == "" {
-		minor, err := controlplane.APIServerMinor()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if minor >= 35 {
-			t.Fatalf("kube-apiserver 1.%d serves no beta or GA storagemigration.k8s.io: the control plane's flags are missing", minor)
-		}
-		t.Skipf("kube-apiserver 1.%d serves storagemigration.k8s.io as alpha only", minor)
-	}
-	return version
-}
-
-// createStandardMigration creates a StorageVersionMigration of the widgets
-// of w from YAML, as a CRD author's manifest ships it, and deletes it when
-// the test ends.
-func (w widgets) createStandardMigration(t *testing.T, version, name string) {
-	t.Helper()
-	manifest := fmt.Sprintf(`apiVersion: storagemigration.k8s.io/%s
-kind: StorageVersionMigration
-metadata:
-  name: %s
-spec:
-  resource:
-    group: %s
-    resource: widgets
-`, version, name, w.group)
-	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal([]byte(manifest), &u.Object); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Client.Create(t.Context(), u); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := env.Client.Delete(context.Background(), u); client.IgnoreNotFound(err) != nil {
-			t.Error(err)
-		}
-	})
-}
 
 // failStandardMigration writes a Failed condition into the status of a
 // StorageVersionMigration, as the in-tree controller ends one.
@@ -198,10 +142,10 @@ func warnings(stderr string) []string {
 // and warnings are gone. A run beside a newer one that has not ended warns
 // and goes on to migrate and prune.
 func TestStorageVersionMigrations(t *testing.T) {
-	version := servedStandardVersion(t)
+	version := env.StandardVersion(t)
 	w := installSwitched(t, "svm.cli.restow.dev", 20)
 	w.deleteMigrationsAtEnd(t)
-	w.createStandardMigration(t, version, "widgets-to-v1")
+	env.CreateStandardMigration(t, version, "widgets-to-v1", schema.GroupResource{Group: w.group, Resource: "widgets"})
 
 	assertPlanShowsStandard(t, w, []standardEntry{{"widgets-to-v1", "Pending"}}, "widgets-to-v1 is Pending")
 
@@ -233,7 +177,7 @@ func TestStorageVersionMigrations(t *testing.T) {
 
 	// A newer one has not ended: it is the one named, and the run goes on.
 	time.Sleep(time.Second) // creation times have a resolution of a second
-	w.createStandardMigration(t, version, "widgets-again")
+	env.CreateStandardMigration(t, version, "widgets-again", schema.GroupResource{Group: w.group, Resource: "widgets"})
 	assertPlanShowsStandard(t, w, []standardEntry{{"widgets-to-v1", "Failed"}, {"widgets-again", "Pending"}}, "widgets-again is Pending")
 	_, errOut, code = restow(t, "run", w.crdName(), "--settle-window", "1s")
 	if code != 0 || len(warnings(errOut)) != 1 || !strings.Contains(errOut, "Warning: StorageVersionMigration widgets-again is Pending") {
@@ -247,10 +191,10 @@ func TestStorageVersionMigrations(t *testing.T) {
 // StorageVersionMigrations still gets plan and status, without them: no
 // field, no column, no section, and one warning line on stderr.
 func TestStorageVersionMigrationsUnreadable(t *testing.T) {
-	version := servedStandardVersion(t)
+	version := env.StandardVersion(t)
 	w := installSwitched(t, "unreadable.svm.cli.restow.dev", 5)
 	w.deleteMigrationsAtEnd(t)
-	w.createStandardMigration(t, version, "widgets-to-v1")
+	env.CreateStandardMigration(t, version, "widgets-to-v1", schema.GroupResource{Group: w.group, Resource: "widgets"})
 	sm := &migrationv1alpha1.StorageMigration{
 		ObjectMeta: metav1.ObjectMeta{Name: w.crdName()},
 		Spec:       migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Group: w.group, Resource: "widgets"}},
