@@ -253,7 +253,10 @@ func TestContinueTokenExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
-	manager := s.startManager("manager", "--log-level=2")
+	// A client-side limit of 150 requests a second stretches the pass over
+	// 40 s or more, several compactions: at the manager's own pace the
+	// pass could end within one or two, and sometimes no token expired.
+	manager := s.startManager("manager", "--log-level=2", "--kube-api-qps=150", "--kube-api-burst=10")
 	s.switchStorage("v1")
 	s.waitMigrated("v1", 10*time.Minute)
 	if !strings.Contains(manager.Logs(), "Continue token expired") {
