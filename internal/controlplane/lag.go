@@ -1,17 +1,24 @@
 package controlplane
 
 import (
-	"encoding/binary"
+	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 )
+
+// watchMethod is etcd's Watch call: the stream whose answers a lagging API
+// server receives late.
+const watchMethod = "/etcdserverpb.Watch/Watch"
 
 // lagProxy sits between one kube-apiserver and etcd and holds back the events
 // of etcd's watches by a delay that can change at any time: that API server's
@@ -21,193 +28,245 @@ import (
 // CRDs through the proxy, but the API server stores CRDs through options
 // that ignore it.)
 //
-// etcd speaks gRPC, that is HTTP/2. The proxy reads the API server's frames
-// to learn which streams are watches (their :path, from the HPACK-encoded
-// headers) and forwards them unchanged. Of etcd's frames it holds back only
-// the data frames of watch streams, in order, each until the delay since it
-// arrived is over; everything else passes at once, so that keepalive pings,
-// settings, flow control and every header block (whose HPACK state depends
-// on their order) arrive as sent, and both ends see a valid connection.
+// It is a gRPC proxy: it ends the API server's calls and makes the same
+// calls to etcd, passing every message through as bytes, and holds the
+// messages etcd sends on Watch streams in a queue of their own, each until
+// the delay since it arrived is over. Holding them at the level of HTTP/2
+// frames instead would hold back the flow-control credit of the connection
+// too: etcd would stop sending once a window of unread events was in
+// flight, and the lag would grow without bound under a steady stream of
+// writes (a cache a minute behind after a minute of writes, with a delay
+// of 10 s), not stay at the delay that was set.
 type lagProxy struct {
-	*relay
-	delay atomic.Int64
+	listener net.Listener
+	server   *grpc.Server
+	upstream *grpc.ClientConn
+	delay    atomic.Int64
+	served   chan struct{}
 }
 
-// newLagProxy listens on a loopback port and forwards each connection to
-// target, an etcd client address such as 127.0.0.1:2379.
+// newLagProxy listens on a loopback port and relays each call to target, an
+// etcd client address such as 127.0.0.1:2379 (plain gRPC, as envtest runs
+// etcd).
 func newLagProxy(target string) (*lagProxy, error) {
-	p := &lagProxy{}
-	r, err := listenRelay(func(r *relay, client net.Conn) {
-		server, err := r.dial(target)
-		if err != nil {
-			return
-		}
-		defer r.untrack(server)
-		var watches sync.Map // stream ID → true for watch streams
-		var both sync.WaitGroup
-		both.Go(func() {
-			_ = forwardNotingWatches(server, client, &watches)
-			_ = server.Close()
-		})
-		both.Go(func() {
-			_ = p.holdBack(client, server, &watches)
-			_ = client.Close()
-		})
-		both.Wait()
-	})
-	p.relay = r
-	return p, err
+	upstream, err := grpc.NewClient("passthrough:///"+target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(
+			grpc.ForceCodec(rawCodec{}),
+			grpc.MaxCallRecvMsgSize(math.MaxInt32),
+			grpc.MaxCallSendMsgSize(math.MaxInt32),
+		),
+	)
+	if err != nil {
+		return nil, err
+	}
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, errors.Join(err, upstream.Close())
+	}
+	p := &lagProxy{listener: listener, upstream: upstream, served: make(chan struct{})}
+	p.server = grpc.NewServer(
+		grpc.UnknownServiceHandler(p.relay),
+		grpc.ForceServerCodec(rawCodec{}),
+		grpc.MaxRecvMsgSize(math.MaxInt32),
+		grpc.MaxSendMsgSize(math.MaxInt32),
+		// The API server's etcd client pings every 30 s, also when idle.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+	)
+	go func() {
+		defer close(p.served)
+		_ = p.server.Serve(listener)
+	}()
+	return p, nil
+}
+
+// addr is the proxy's address, host:port.
+func (p *lagProxy) addr() string { return p.listener.Addr().String() }
+
+// close ends every call and the connection to etcd.
+func (p *lagProxy) close() error {
+	p.server.Stop()
+	<-p.served
+	return p.upstream.Close()
 }
 
 // setDelay sets how long watch events are held back from now on. Events
 // already held keep their time, and none overtakes another.
 func (p *lagProxy) setDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
-// HTTP/2 (RFC 9113, section 6).
-const (
-	clientPreface     = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-	frameData         = 0x0
-	frameHeaders      = 0x1
-	frameContinuation = 0x9
-	flagEndHeaders    = 0x4
-	flagPadded        = 0x8
-	flagPriority      = 0x20
-)
-
-type frame struct {
-	header [9]byte
-	raw    []byte // header and payload
-}
-
-func (f frame) kind() byte       { return f.header[3] }
-func (f frame) flags() byte      { return f.header[4] }
-func (f frame) streamID() uint32 { return binary.BigEndian.Uint32(f.header[5:9]) & 0x7fffffff }
-func (f frame) payload() []byte  { return f.raw[9:] }
-
-func readFrame(r io.Reader) (frame, error) {
-	var f frame
-	if _, err := io.ReadFull(r, f.header[:]); err != nil {
-		return f, err
-	}
-	length := uint32(f.header[0])<<16 | uint32(binary.BigEndian.Uint16(f.header[1:3]))
-	f.raw = make([]byte, 9+int(length))
-	copy(f.raw, f.header[:])
-	_, err := io.ReadFull(r, f.raw[9:])
-	return f, err
-}
-
-// forwardNotingWatches copies the API server's side of the connection to
-// etcd and marks in watches each stream whose :path is etcd's Watch.
-func forwardNotingWatches(server, client net.Conn, watches *sync.Map) error {
-	preface := make([]byte, len(clientPreface))
-	if _, err := io.ReadFull(client, preface); err != nil {
+// relay makes the call the API server made (any method, as a stream both
+// ways) to etcd and copies the messages of each side to the other, with the
+// request's metadata; etcd's answers on a Watch stream arrive late.
+func (p *lagProxy) relay(_ any, down grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(down)
+	ctx, cancel := context.WithCancel(down.Context())
+	defer cancel()
+	md, _ := metadata.FromIncomingContext(ctx)
+	up, err := p.upstream.NewStream(metadata.NewOutgoingContext(ctx, md.Copy()),
+		&grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method)
+	if err != nil {
 		return err
 	}
-	if _, err := server.Write(preface); err != nil {
-		return err
-	}
-	var stream uint32
-	decoder := hpack.NewDecoder(4096, func(h hpack.HeaderField) {
-		if h.Name == ":path" && strings.HasPrefix(h.Value, "/etcdserverpb.Watch/") {
-			watches.Store(stream, true)
-		}
-	})
-	for {
-		f, err := readFrame(client)
-		if err != nil {
-			return err
-		}
-		switch f.kind() {
-		case frameHeaders, frameContinuation:
-			stream = f.streamID()
-			if _, err := decoder.Write(headerBlockFragment(f)); err != nil {
-				return err
+	go func() {
+		for {
+			m := new(rawMessage)
+			if err := down.RecvMsg(m); err != nil {
+				if errors.Is(err, io.EOF) {
+					_ = up.CloseSend()
+				} else {
+					cancel()
+				}
+				return
 			}
-			if f.flags()&flagEndHeaders != 0 {
-				if err := decoder.Close(); err != nil {
-					return err
+			if err := up.SendMsg(m); err != nil {
+				return // RecvMsg on up returns the reason
+			}
+		}
+	}()
+	var lag *lagQueue
+	if method == watchMethod {
+		lag = newLagQueue(&p.delay)
+		go lag.send(ctx, down)
+	}
+	for {
+		m := new(rawMessage)
+		err := up.RecvMsg(m)
+		if err != nil {
+			if lag != nil {
+				// What etcd sent before it ended the stream comes first.
+				if sendErr := lag.end(); sendErr != nil {
+					return sendErr
 				}
 			}
+			down.SetTrailer(up.Trailer())
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
 		}
-		if _, err := server.Write(f.raw); err != nil {
+		if lag != nil {
+			lag.push(m)
+			continue
+		}
+		if err := down.SendMsg(m); err != nil {
 			return err
 		}
 	}
 }
 
-// headerBlockFragment is the HPACK bytes of a HEADERS or CONTINUATION frame,
-// without padding and priority.
-func headerBlockFragment(f frame) []byte {
-	p := f.payload()
-	if f.kind() != frameHeaders {
-		return p
-	}
-	pad := 0
-	if f.flags()&flagPadded != 0 && len(p) > 0 {
-		pad = int(p[0])
-		p = p[1:]
-	}
-	if f.flags()&flagPriority != 0 && len(p) >= 5 {
-		p = p[5:]
-	}
-	if pad <= len(p) {
-		p = p[:len(p)-pad]
-	}
-	return p
+// lagQueue holds the messages of one watch stream until each is due.
+type lagQueue struct {
+	delay *atomic.Int64
+
+	mu      sync.Mutex
+	held    []heldMessage
+	last    time.Time
+	ended   bool
+	arrived chan struct{} // a message was pushed, or the stream ended
+	done    chan error    // send's end: nil, or why a message could not be sent
 }
 
-type heldFrame struct {
-	raw []byte
+type heldMessage struct {
+	m   *rawMessage
 	due time.Time
 }
 
-// holdBack copies etcd's frames from server to client: the data of watch
-// streams after the delay, everything else at once.
-func (p *lagProxy) holdBack(client, server net.Conn, watches *sync.Map) error {
-	var writing sync.Mutex
-	write := func(raw []byte) error {
-		writing.Lock()
-		defer writing.Unlock()
-		_, err := client.Write(raw)
-		return err
-	}
-	held := make(chan heldFrame, 1<<16)
-	sent := make(chan error, 1)
-	go func() {
-		var err error
-		for f := range held {
-			if err != nil {
-				continue // drain, so the reader never blocks on a dead client
-			}
-			time.Sleep(time.Until(f.due))
-			err = write(f.raw)
-		}
-		sent <- err
-	}()
-	var last time.Time
-	err := func() error {
-		for {
-			f, err := readFrame(server)
-			if err != nil {
-				return err
-			}
-			if _, watch := watches.Load(f.streamID()); f.kind() != frameData || !watch {
-				if err := write(f.raw); err != nil {
-					return err
-				}
-				continue
-			}
-			due := time.Now().Add(time.Duration(p.delay.Load()))
-			if due.Before(last) {
-				due = last // in order, also when the delay shrinks
-			}
-			last = due
-			held <- heldFrame{raw: f.raw, due: due}
-		}
-	}()
-	close(held)
-	if errors.Is(err, io.EOF) {
-		err = nil
-	}
-	return errors.Join(err, <-sent)
+func newLagQueue(delay *atomic.Int64) *lagQueue {
+	return &lagQueue{delay: delay, arrived: make(chan struct{}, 1), done: make(chan error, 1)}
 }
+
+// push holds m for the delay as it is now, and never less than the message
+// before it.
+func (q *lagQueue) push(m *rawMessage) {
+	q.mu.Lock()
+	due := time.Now().Add(time.Duration(q.delay.Load()))
+	if due.Before(q.last) {
+		due = q.last // in order, also when the delay shrinks
+	}
+	q.last = due
+	q.held = append(q.held, heldMessage{m: m, due: due})
+	q.mu.Unlock()
+	q.wake()
+}
+
+// end waits until every held message was sent, and reports why not.
+func (q *lagQueue) end() error {
+	q.mu.Lock()
+	q.ended = true
+	q.mu.Unlock()
+	q.wake()
+	return <-q.done
+}
+
+func (q *lagQueue) wake() {
+	select {
+	case q.arrived <- struct{}{}:
+	default:
+	}
+}
+
+// send sends each held message to down when it is due, until the stream
+// ends and nothing is held.
+func (q *lagQueue) send(ctx context.Context, down grpc.ServerStream) {
+	for {
+		q.mu.Lock()
+		if len(q.held) == 0 {
+			ended := q.ended
+			q.mu.Unlock()
+			if ended {
+				q.done <- nil
+				return
+			}
+			select {
+			case <-q.arrived:
+				continue
+			case <-ctx.Done():
+				q.done <- ctx.Err()
+				return
+			}
+		}
+		next := q.held[0]
+		q.held[0] = heldMessage{}
+		q.held = q.held[1:]
+		q.mu.Unlock()
+		if err := sleepCtx(ctx, time.Until(next.due)); err != nil {
+			q.done <- err
+			return
+		}
+		if err := down.SendMsg(next.m); err != nil {
+			q.done <- err
+			return
+		}
+	}
+}
+
+// sleepCtx waits for d, or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// rawMessage is a gRPC message as bytes, passed through unread.
+type rawMessage struct{ data []byte }
+
+// rawCodec marshals a rawMessage as its bytes: the proxy needs no etcd types.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.(*rawMessage).data, nil }
+
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	v.(*rawMessage).data = append([]byte(nil), data...)
+	return nil
+}
+
+// Name is the content subtype the API server's etcd client asks for.
+func (rawCodec) Name() string { return "proto" }

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -118,6 +119,7 @@ func StartProcess(tb testing.TB, opts ProcessOptions) *Process {
 		"--leader-election-namespace=default",
 	}, opts.Args...)
 	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		tb.Fatal(err)
@@ -127,7 +129,12 @@ func StartProcess(tb testing.TB, opts ProcessOptions) *Process {
 		close(p.done)
 	}()
 	tb.Cleanup(func() {
-		if err := p.Stop(); err != nil {
+		if tb.Failed() {
+			// A test that failed waiting on the manager wants to know where
+			// it was: SIGQUIT makes the Go runtime print every goroutine.
+			p.Dump()
+		}
+		if err := p.Stop(); err != nil && !tb.Failed() {
 			tb.Errorf("%s: %v", p.Name, err)
 		}
 		if tb.Failed() {
@@ -208,6 +215,19 @@ func (p *Process) Stop() error {
 		return errors.New("did not stop within 30 s of SIGTERM; killed")
 	}
 	return p.err
+}
+
+// Dump makes a running manager print its goroutines to its log and exit
+// (SIGQUIT), and waits up to 10 s for it to be gone.
+func (p *Process) Dump() {
+	if p.Exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+	}
 }
 
 // Kill sends SIGKILL, as a node failure or the OOM killer would, and waits

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,8 +17,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -223,4 +227,81 @@ func TestSeveralAPIServersOneLagging(t *testing.T) {
 		t.Fatalf("the lagging server never stored at v1 after its lag: %v", err)
 	}
 	fx.AssertStored(t, map[string]int{"v1beta1": 1, "v1": 1})
+}
+
+// TestWatchLagStaysAtItsDelay proves that the lagging API server lags by the
+// delay that was set, not more, however many events etcd sends it: a write
+// load of 4 KiB objects through another server, well above what one window of
+// HTTP/2 flow control carries per delay, leaves its watch cache behind by
+// about the delay. (A proxy that held back the watch's frames held back their
+// flow-control credit too, and its lag grew by about a second a second.)
+func TestWatchLagStaysAtItsDelay(t *testing.T) {
+	ha := testenv.Start(t, testenv.Options{APIServers: 3, LaggingAPIServer: true})
+	ctx := testenv.Context(t, 3*time.Minute)
+	fx := testenv.Fixture{Env: ha, Group: "lagload.testenv.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1")
+	keys := fx.CreateObjects(t, "v1", 40, func(int) map[string]any { return map[string]any{"size": 1} }, "default")
+	first, err := dynamic.NewForConfig(ha.ServerConfig(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lagging, err := dynamic.NewForConfig(ha.ServerConfig(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvr := schema.GroupVersionResource{Group: fx.Group, Version: "v1", Resource: fx.Plural}
+
+	const delay = 3 * time.Second
+	ha.SetWatchLag(delay)
+	load, stop := context.WithTimeout(ctx, 20*time.Second)
+	defer stop()
+	var writes sync.WaitGroup
+	payload := strings.Repeat("x", 4096)
+	for w := range 4 {
+		writes.Go(func() {
+			for i := w; load.Err() == nil; i += 4 {
+				key := keys[i%len(keys)]
+				patch := fmt.Sprintf(`{"metadata":{"annotations":{"load":"%d-%s"}}}`, i, payload)
+				_, _ = first.Resource(gvr).Namespace(key.Namespace).Patch(load, key.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			}
+		})
+	}
+
+	// The lag at a moment is at least how long ago the first server had
+	// passed the resourceVersion that the lagging server's cache is at.
+	type seen struct {
+		at time.Time
+		rv int64
+	}
+	var history []seen
+	var worst time.Duration
+	for load.Err() == nil {
+		now := time.Now()
+		current, err := first.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached, err := lagging.Resource(gvr).List(ctx, metav1.ListOptions{ResourceVersion: "0", Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rv, _ := strconv.ParseInt(current.GetResourceVersion(), 10, 64)
+		history = append(history, seen{now, rv})
+		cachedRV, _ := strconv.ParseInt(cached.GetResourceVersion(), 10, 64)
+		for _, h := range history {
+			if h.rv > cachedRV {
+				worst = max(worst, now.Sub(h.at))
+				break
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	writes.Wait()
+	t.Logf("%d samples; the lagging server's cache was behind by at most %s with a delay of %s", len(history), worst, delay)
+	// Slack for a busy 2-core machine: an API server that decodes its
+	// events late is behind by more than the delay, but not by a second a
+	// second.
+	if worst > delay+3*time.Second {
+		t.Errorf("the lagging server's watch cache fell %s behind, with a delay of %s: the lag grows with the load", worst, delay)
+	}
 }
