@@ -3,6 +3,7 @@ package migrator
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -12,12 +13,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// outcome is what one object's rewrite came to.
-type outcome int
+// fate is what one object's rewrite came to: the engine counts objects by
+// their fate.
+type fate int
 
 const (
 	// migrated: the API server accepted the rewrite.
-	migrated outcome = iota
+	migrated fate = iota
 	// skipped: someone wrote or deleted the object after it was listed; any
 	// write since the storage switch stored it at the new version.
 	skipped
@@ -34,12 +36,12 @@ const (
 	alreadyStored
 )
 
-func (o outcome) String() string {
+func (o fate) String() string {
 	return [...]string{"migrated", "skipped", "transient", "permanent", "unsupported", "alreadyStored"}[o]
 }
 
-// classify maps the error of one rewrite (or list) to an outcome.
-func classify(err error) outcome {
+// classify maps the error of one rewrite (or list) to a fate.
+func classify(err error) fate {
 	switch {
 	case err == nil:
 		return migrated
@@ -237,3 +239,21 @@ type WaitError struct {
 }
 
 func (e *WaitError) Error() string { return "waiting: " + e.Message }
+
+// passError turns an error that stops the pass into a typed one.
+func (mg *migration) passError(doing string, err error) error {
+	gr := mg.target.Resource.GroupResource()
+	switch classify(err) {
+	case skipped:
+		if apierrors.IsNotFound(err) {
+			// The list itself found no resource: its CRD is gone.
+			return &StalledError{Message: fmt.Sprintf("%s %s: the resource no longer exists: %s", doing, gr, Message(err))}
+		}
+		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, gr, err)}
+	case unsupported, permanent:
+		// A list or rewrite refused for the whole resource.
+		return &StalledError{Message: fmt.Sprintf("%s %s: %s", doing, gr, Message(err))}
+	default:
+		return &TransientError{Err: fmt.Errorf("%s %s: %w", doing, gr, err)}
+	}
+}

@@ -26,7 +26,7 @@ func TestClassify(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want outcome
+		want fate
 	}{
 		{"success", nil, migrated},
 		{"conflict: written since listed", apierrors.NewConflict(gr, "a", errors.New("changed")), skipped},

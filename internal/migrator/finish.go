@@ -2,16 +2,12 @@ package migrator
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -44,74 +40,6 @@ import (
 // The re-check costs one list of metadata pages plus one patch per object
 // others wrote within the window, and the memory of the pass's own writes
 // within the window, not of every object.
-
-// Migrate runs a whole migration of target: the first pass over every
-// object, then, for a CRD whose status.storedVersions lists other versions,
-// the settle window, the re-check and the prune (with opts.Prune). It
-// returns the result when it reached its end, with failures if objects
-// could not be rewritten (nothing is pruned then); a *TransientError or
-// *StalledError when it stopped, with the last Progress to resume from; and
-// an error wrapping storedversions.ErrCRDChanged when the CRD changed
-// meanwhile, so a new migration must start.
-func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
-	// A migration covers every object: only Rewrite starts after a token.
-	opts.Continue = ""
-	mg := newMigration(m, target, opts, observe)
-	if err := mg.checkViaStatus(); err != nil {
-		return mg.result(), err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	var window sync.WaitGroup
-	defer window.Wait()
-	defer cancel()
-	if target.CRD != nil {
-		window.Go(func() { mg.closeWindowAt(ctx) })
-	}
-	// Only a migration that may prune re-checks, and needs the record.
-	mg.recordWrites = target.CRD != nil && opts.Prune && !target.Partial()
-	if mg.progress().Phase == PhaseRewriting {
-		// No answer counts before every API server has switched (lag.go);
-		// the report shows until when.
-		mg.report()
-		if err := sleepUntil(ctx, later(mg.switchedBy, mg.cp.StartTime.Add(informerLag))); err != nil {
-			return mg.result(), err
-		}
-		if err := mg.pass(ctx, false); err != nil {
-			return mg.result(), err
-		}
-		if mg.result().Failed > 0 || target.CRD == nil {
-			return mg.result(), nil
-		}
-		// The first pass is over: a checkpoint taken from now on resumes
-		// here, also when reading the CRD below fails.
-		mg.setPhase(PhaseSettling)
-	}
-	if target.CRD == nil {
-		return mg.result(), nil
-	}
-	crd, err := mg.liveCRD(ctx)
-	if err != nil || !opts.Prune || target.Partial() || slices.Equal(crd.Status.StoredVersions, []string{target.CRD.StorageVersion}) {
-		// Nothing to prune: with pruning off restow does not touch
-		// storedVersions, a pass over one namespace proves nothing about
-		// the others, and [target] holds no other version.
-		return mg.result(), err
-	}
-	if err := mg.settle(ctx); err != nil {
-		return mg.result(), err
-	}
-	mg.startRecheck()
-	if err := mg.pass(ctx, true); err != nil {
-		return mg.result(), err
-	}
-	result := mg.result()
-	if result.Failed > 0 {
-		return result, nil
-	}
-	result.Pruned, err = storedversions.Prune(ctx, m.Client, m.Reader, storedversions.Expected{
-		Name: target.CRD.Name, UID: target.CRD.UID, StorageVersion: target.CRD.StorageVersion, Generation: target.CRD.Generation,
-	})
-	return result, err
-}
 
 // startRecheck enters the re-check. It starts from the first page, also when
 // resumed: the counts and failures of an interrupted re-check (the first pass
@@ -182,11 +110,6 @@ func (mg *migration) closeWindowAt(ctx context.Context) {
 // window while the first pass runs.
 const closeWindowRetry = 5 * time.Second
 
-// maxProven bounds the record of the pass's own writes within the settle
-// window: past it, objects are re-checked rather than recorded, so memory
-// stays bounded whatever the window's length and the pass's pace.
-const maxProven = 1 << 17
-
 // closeWindow reads the resourceVersion of now, after the settle window:
 // every write that began on the old storage has committed at or below it.
 func (mg *migration) closeWindow(ctx context.Context) error {
@@ -209,66 +132,18 @@ func (mg *migration) closeWindow(ctx context.Context) error {
 	return nil
 }
 
-// noteWindowEnd keeps the first resourceVersion read after the settle window.
-func (mg *migration) noteWindowEnd(resourceVersion string) {
-	mg.mu.Lock()
-	defer mg.mu.Unlock()
-	if mg.cp.WindowEnd == "" {
-		mg.cp.WindowEnd = resourceVersion
+// sleepUntil waits until t or until ctx ends.
+func sleepUntil(ctx context.Context, t time.Time) error {
+	wait := time.Until(t)
+	if wait <= 0 {
+		return nil
 	}
-}
-
-// noteListSnapshot keeps the resourceVersion of the first pass's list.
-func (mg *migration) noteListSnapshot(resourceVersion string) {
-	mg.mu.Lock()
-	defer mg.mu.Unlock()
-	if mg.cp.ListResourceVersion == "" {
-		mg.cp.ListResourceVersion = resourceVersion
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-}
-
-// noteOwnWrite records the resourceVersion a rewrite answered with: at that
-// version the object is stored at the target. Only versions after the list
-// snapshot and at or before the end of the settle window are of use, so the
-// record stops growing once the window has ended; a rewrite whose answer
-// comes just after windowEnd was read is still recorded if it committed
-// before.
-func (mg *migration) noteOwnWrite(resourceVersion string) {
-	mg.mu.Lock()
-	defer mg.mu.Unlock()
-	if !mg.recordWrites || mg.cp.ListResourceVersion == "" {
-		return
-	}
-	if after, err := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.ListResourceVersion); err != nil || after <= 0 {
-		return
-	}
-	if mg.cp.WindowEnd != "" {
-		if after, err := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.WindowEnd); err != nil || after > 0 {
-			return
-		}
-	}
-	if len(mg.proven) < maxProven {
-		mg.proven[resourceVersion] = struct{}{}
-	}
-}
-
-// mustRecheck reports whether an object listed after the settle window
-// with resourceVersion may still be stored at the old version. Anything it
-// cannot compare is re-checked.
-func (mg *migration) mustRecheck(resourceVersion string) bool {
-	mg.mu.Lock()
-	defer mg.mu.Unlock()
-	if mg.cp.WindowEnd == "" || mg.cp.ListResourceVersion == "" {
-		return true
-	}
-	sinceList, err1 := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.ListResourceVersion)
-	sinceWindow, err2 := resourceversion.CompareResourceVersion(resourceVersion, mg.cp.WindowEnd)
-	switch {
-	case errors.Join(err1, err2) != nil:
-		return true
-	case sinceList <= 0, sinceWindow > 0:
-		return false
-	}
-	_, proven := mg.proven[resourceVersion]
-	return !proven
 }

@@ -6,9 +6,20 @@
 // wrote within it, and prune a CRD's status.storedVersions. It knows nothing
 // of reconcile loops, so the operator and the CLI run the same migration.
 //
-// The files follow the data path: migrator.go resolves the resource,
-// pass.go lists and rewrites, update.go writes a CRD's objects back as
-// listed, finish.go settles, re-checks and prunes.
+// The files follow the data path, and calls go one way along it:
+//   - migrator.go: the Migrator (its clients and budget) and Resolve, which
+//     makes a Target of a resource; lag.go: how long until every API server
+//     has switched; count.go: how many objects a Target has.
+//   - migrate.go: the entry, Migrate and Rewrite, and the state of one
+//     migration (newMigration decides whether a checkpoint resumes).
+//   - pass.go: the page loop of one pass; list.go: its list (isolate.go
+//     takes apart a page that one object fails); write.go: one object's
+//     rewrite, as an update or a merge patch, with its retries.
+//   - finish.go: the settle window, the re-check and the prune.
+//   - Leaves used along the way: types.go (the public vocabulary), progress.go
+//     (what is reported), proof.go (what proves an object stored at the
+//     target), errors.go (what an answer means), and package pace (how many
+//     rewrites are in flight).
 package migrator
 
 import (
@@ -33,6 +44,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
+	"github.com/restow/restow/internal/migrator/pace"
 	"github.com/restow/restow/internal/storedversions"
 )
 
@@ -46,7 +58,7 @@ type Migrator struct {
 	// Metadata lists and patches objects as metadata only.
 	Metadata metadata.Interface
 	// Objects, if set, lists a CRD's objects whole and writes them back as
-	// listed in the first pass (update.go); without it every rewrite is a
+	// listed in the first pass (write.go); without it every rewrite is a
 	// merge patch.
 	Objects rest.Interface
 	// Discovery shows which storage version the API server uses.
@@ -69,8 +81,8 @@ type Migrator struct {
 	slotsOnce    sync.Once
 	slots        chan struct{}
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
-	// and Objects' requests, so passes slow down at once (pace.go).
-	Throttle *Throttle
+	// and Objects' requests, so passes slow down at once (package pace).
+	Throttle *pace.Throttle
 	// LagBound is how long any API server of the control plane may take to
 	// switch a CRD's storage version after another has (lag.go): with
 	// several API servers the first pass waits that long. Zero means
@@ -167,9 +179,9 @@ func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
 // ThrottledClients returns the clients of a Migrator's object requests, on
 // a connection of their own made from cfg, whose 429 answers the returned
 // Throttle sees: a metadata client, and the client that lists whole objects
-// and writes them back as listed (update.go).
-func ThrottledClients(cfg *rest.Config) (metadata.Interface, rest.Interface, *Throttle, error) {
-	throttle := &Throttle{}
+// and writes them back as listed (write.go).
+func ThrottledClients(cfg *rest.Config) (metadata.Interface, rest.Interface, *pace.Throttle, error) {
+	throttle := &pace.Throttle{}
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(throttle.Wrap)
 	if cfg.RateLimiter == nil && cfg.QPS >= 0 {

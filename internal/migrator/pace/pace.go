@@ -1,4 +1,6 @@
-package migrator
+// Package pace sets how many rewrites a pass has in flight at once, and sees
+// the API server's 429 answers (Throttle).
+package pace
 
 import (
 	"context"
@@ -15,9 +17,9 @@ import (
 // The pace of a pass: how many rewrites it has in flight at once.
 //
 // No fixed number is right for both a 2-core test control plane and a large
-// production one, so a pass finds its pace below the upper bound
-// Options.Concurrency. The goal is throughput: on the API servers measured
-// (docs/benchmarks.md) objects per second and the API server's CPU per
+// production one, so a pass finds its pace below the upper bound (the
+// migrator's Options.Concurrency). The goal is throughput: on the API
+// servers measured (docs/benchmarks.md) objects per second and the API server's CPU per
 // object both keep improving as more requests are in flight, long after
 // latency has started to grow, so a pace that stops where latency starts to
 // rise (TCP Vegas's knee) leaves a tenth to a quarter of the speed unused.
@@ -66,9 +68,9 @@ const (
 	latencyTarget = time.Second
 )
 
-// pacer limits the rewrites a pass has in flight and adapts the limit. A
+// Pacer limits the rewrites a pass has in flight and adapts the limit. A
 // fixed pacer keeps it at the upper bound.
-type pacer struct {
+type Pacer struct {
 	max      int
 	fixed    bool
 	throttle *Throttle
@@ -96,8 +98,11 @@ type paceSample struct {
 	overloaded bool
 }
 
-func newPacer(ctx context.Context, upper int, fixed bool, throttle *Throttle) *pacer {
-	p := &pacer{max: upper, fixed: fixed, throttle: throttle, now: time.Now, limit: min(upper, initialPace), slow: true}
+// New returns the pacer of one pass, at most upper in flight (always upper
+// when fixed), slowed by throttle's 429s when set; ctx's end wakes every
+// Acquire.
+func New(ctx context.Context, upper int, fixed bool, throttle *Throttle) *Pacer {
+	p := &Pacer{max: upper, fixed: fixed, throttle: throttle, now: time.Now, limit: min(upper, initialPace), slow: true}
 	if fixed {
 		p.limit = upper
 	}
@@ -114,9 +119,9 @@ func newPacer(ctx context.Context, upper int, fixed bool, throttle *Throttle) *p
 	return p
 }
 
-// acquire waits for a free slot under the limit, then past any Retry-After
+// Acquire waits for a free slot under the limit, then past any Retry-After
 // the API server asked for, also one that came while it waited for the slot.
-func (p *pacer) acquire(ctx context.Context) error {
+func (p *Pacer) Acquire(ctx context.Context) error {
 	p.mu.Lock()
 	for p.inFlight >= p.limit {
 		if err := ctx.Err(); err != nil {
@@ -131,24 +136,25 @@ func (p *pacer) acquire(ctx context.Context) error {
 	}
 	p.mu.Unlock()
 	if p.throttle != nil {
-		if err := sleepUntil(ctx, p.throttle.until()); err != nil {
-			p.cancel()
+		if err := p.throttle.wait(ctx); err != nil {
+			p.Cancel()
 			return err
 		}
 	}
 	return nil
 }
 
-// cancel frees a slot that was not used.
-func (p *pacer) cancel() {
+// Cancel frees a slot that was not used.
+func (p *Pacer) Cancel() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inFlight--
 	p.changed.Signal()
 }
 
-// release frees the slot of a request that began at start and ended with err.
-func (p *pacer) release(start time.Time, err error) {
+// Release frees the slot of a request that began at start (by Now) and ended
+// with err.
+func (p *Pacer) Release(start time.Time, err error) {
 	now := p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -157,7 +163,7 @@ func (p *pacer) release(start time.Time, err error) {
 	case start.Before(p.cut):
 	case err == nil:
 		p.window.latencies = append(p.window.latencies, now.Sub(start))
-	case overloaded(err):
+	case Overloaded(err):
 		p.window.overloaded = true
 	}
 	switch {
@@ -173,12 +179,12 @@ func (p *pacer) release(start time.Time, err error) {
 }
 
 // throttled reports whether the API server answered 429 since the pacer last looked.
-func (p *pacer) throttled() bool {
+func (p *Pacer) throttled() bool {
 	return !p.fixed && p.throttle != nil && p.throttle.count() != p.throttles
 }
 
 // adjust ends the window and sets the limit from it.
-func (p *pacer) adjust(now time.Time) {
+func (p *Pacer) adjust(now time.Time) {
 	w := p.window
 	p.window = paceSample{start: now, latencies: w.latencies[:0]}
 	before := p.limit
@@ -222,16 +228,19 @@ func percentile(latencies []time.Duration, q float64) time.Duration {
 	return latencies[max(0, rank)]
 }
 
-// current is the limit now.
-func (p *pacer) current() int {
+// Now is the pacer's clock: a request's start for Release.
+func (p *Pacer) Now() time.Time { return p.now() }
+
+// Limit is how many requests may be in flight now.
+func (p *Pacer) Limit() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.limit
 }
 
-// overloaded reports whether err says the API server is overloaded: a 429
+// Overloaded reports whether err says the API server is overloaded: a 429
 // that client-go's own retries did not absorb, a server timeout, or a 503.
-func overloaded(err error) bool {
+func Overloaded(err error) bool {
 	return apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsServiceUnavailable(err)
 }
 
@@ -285,4 +294,21 @@ func (t *Throttle) until() time.Time {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.notTil
+}
+
+// wait waits until the last Retry-After the API server sent has passed, or
+// until ctx ends.
+func (t *Throttle) wait(ctx context.Context) error {
+	d := time.Until(t.until())
+	if d <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -1,0 +1,357 @@
+package migrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	"k8s.io/client-go/metadata"
+	"k8s.io/klog/v2"
+)
+
+// The list of a pass: pages of whole objects through the storage version
+// when they may be written back as listed (update, in write.go), else of
+// metadata, through a fallback version when one object fails the list
+// (isolate.go takes such a page apart), each page's bodies held within the
+// Migrator's budget until the page is done.
+
+const (
+	// firstWholePage is the limit of the first page of whole objects, before
+	// their size is known.
+	firstWholePage = 10
+	// wholePageBytes is what a page of whole objects should hold: each next
+	// page's limit is what fits at the size of the largest object on the
+	// page before, at most twice that page's limit. An estimate, not a
+	// bound: a page whose objects are larger than the last page's holds
+	// more, at most --page-size objects of the largest size etcd stores.
+	wholePageBytes = 4 << 20
+	// DefaultBodyBytes is Migrator.BodyBytes by default: what all passes
+	// hold of listed objects at once, the pages being read and decoded
+	// included.
+	DefaultBodyBytes = 32 << 20
+)
+
+// list sends the pages of the resource to pages until the list ends: whole
+// objects when whole is set and the pass may write them back as listed,
+// else metadata.
+func (mg *migration) list(ctx context.Context, token string, whole bool, pages chan<- page) error {
+	// Pages of whole objects hold about wholePageBytes (above).
+	wholeLimit := min(mg.opts.PageSize, firstWholePage)
+	// remaining is how many objects the list has left at token, if known.
+	var remaining *int64
+	for {
+		limit := mg.opts.PageSize
+		if whole && mg.writesWhole() {
+			limit = wholeLimit
+		}
+		var list *metav1.PartialObjectMetadataList
+		var bodies []json.RawMessage
+		// A body's age counts from when its list was sent: the API server
+		// decoded it with the CRD as it was then.
+		var listed time.Time
+		err := mg.retryTransient(ctx, func() error {
+			var err error
+			listed = time.Now()
+			list, bodies, err = mg.listPage(ctx, token, limit, whole)
+			return err
+		})
+		if err != nil && whole && classify(err) == transient && mg.mayIsolate() {
+			isolated, ierr := mg.isolate(ctx, token, limit, err, remaining)
+			if ierr == nil {
+				for _, pg := range isolated {
+					if !mg.send(ctx, pages, pg) {
+						return nil
+					}
+					token, remaining = pg.next, pg.remaining
+				}
+				if token == "" {
+					return nil
+				}
+				continue
+			}
+			klog.FromContext(ctx).V(1).Info("Could not isolate the object that fails a list page", "error", ierr.Error())
+		}
+		if err != nil {
+			return mg.passError("listing", err)
+		}
+		pg := page{items: list.Items, bodies: bodies, listed: listed, next: list.Continue, remaining: list.RemainingItemCount, resourceVersion: list.ResourceVersion}
+		if bodies != nil {
+			wholeLimit = nextWholeLimit(mg.opts.PageSize, wholeLimit, bodies)
+			mg.holdBodies(ctx, &pg)
+		}
+		if !mg.send(ctx, pages, pg) {
+			return nil
+		}
+		if list.Continue == "" {
+			return nil
+		}
+		token, remaining = list.Continue, list.RemainingItemCount
+	}
+}
+
+// send hands a listed page to the workers, or returns false when the pass
+// ends first.
+func (mg *migration) send(ctx context.Context, pages chan<- page, pg page) bool {
+	select {
+	case pages <- pg:
+		return true
+	case <-ctx.Done():
+		mg.release(pg.charge)
+		return false
+	}
+}
+
+// mayIsolate reports whether a page that no served version lists may be
+// taken apart (isolate.go): in a whole resource's first pass, a CRD's, up to
+// maxFailedObjects times.
+func (mg *migration) mayIsolate() bool {
+	return mg.target.CRD != nil && !mg.target.Partial() && mg.isolated.Add(1) <= maxFailedObjects
+}
+
+// listPage lists one page through the storage version (whole objects, when
+// whole is set and the pass may write them back as listed) and, if that
+// fails transiently, metadata through each fallback version: one object
+// whose conversion fails (a conversion webhook refusing it) fails every page
+// that holds it when listed through a version it must be converted to, but
+// not when listed through the version it is still stored at. A continue
+// token is the same whichever version lists through it. A page listed
+// through a fallback version has no bodies: its objects are patched.
+func (mg *migration) listPage(ctx context.Context, token string, limit int64, whole bool) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+	listFirst := listMetadata(ctx, mg.target.scope(mg.resource), limit)
+	if whole && mg.writesWhole() {
+		listFirst = func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+			return mg.listWhole(ctx, token, limit)
+		}
+	}
+	list, bodies, err := mg.listThrough(ctx, token, listFirst)
+	if err == nil || classify(err) != transient {
+		return list, bodies, err
+	}
+	for _, v := range mg.target.fallbackVersions() {
+		gvr := schema.GroupVersionResource{Group: mg.target.Resource.Group, Version: v, Resource: mg.target.Resource.Resource}
+		if fallback, _, ferr := mg.listThrough(ctx, token, listMetadata(ctx, mg.target.scope(mg.m.Metadata.Resource(gvr)), limit)); ferr == nil {
+			klog.FromContext(ctx).V(1).Info("Listed a page through an older version, since the list through the storage version failed", "version", v, "error", Message(err))
+			return fallback, nil, nil
+		}
+	}
+	return nil, nil, err
+}
+
+// listFunc lists one page from a continue token.
+type listFunc func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error)
+
+// listMetadata lists pages of limit objects' metadata through resource.
+func listMetadata(ctx context.Context, resource metadata.ResourceInterface, limit int64) listFunc {
+	return func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+		list, err := resource.List(ctx, metav1.ListOptions{Limit: limit, Continue: token})
+		if err == nil {
+			metadataOnly(list.Items)
+		}
+		return list, nil, err
+	}
+}
+
+// metadataOnly keeps of listed objects only what a rewrite uses: name,
+// namespace, UID, resourceVersion and managedFields. Annotations and labels
+// are dropped as soon as they are decoded: the annotation
+// kubectl.kubernetes.io/last-applied-configuration holds an object's whole
+// contents (a Secret's data, when it was applied with kubectl), and a
+// metadata-only list still carries it.
+func metadataOnly(items []metav1.PartialObjectMetadata) {
+	for i := range items {
+		m := &items[i].ObjectMeta
+		items[i] = metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{
+			Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion, ManagedFields: m.ManagedFields,
+		}}
+	}
+}
+
+// listThrough lists one page with list. The list's snapshot must still be in
+// etcd: when the token outlived etcd's compaction, the error carries a token
+// that continues inconsistently. Objects changed since are already stored at
+// the new version (and re-checked before any prune), and rewrites are
+// idempotent, so nothing is missed. Without one, it starts over.
+func (mg *migration) listThrough(ctx context.Context, token string, list listFunc) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+	items, bodies, err := list(token)
+	for expired := 0; apierrors.IsResourceExpired(err) && token != "" && expired < 3; expired++ {
+		token = inconsistentContinue(err)
+		klog.FromContext(ctx).V(2).Info("Continue token expired, continuing the list", "restarted", token == "")
+		items, bodies, err = list(token)
+	}
+	return items, bodies, err
+}
+
+func inconsistentContinue(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return status.Status().Continue
+	}
+	return ""
+}
+
+// listWhole lists one page of whole objects through the storage version:
+// their metadata, and each as the API server encoded it.
+func (mg *migration) listWhole(ctx context.Context, token string, limit int64) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+	namespace := ""
+	if mg.target.Partial() {
+		namespace = mg.target.Namespace
+	}
+	var data []byte
+	var release func()
+	for {
+		var err error
+		data, release, err = mg.readWholePage(ctx, namespace, token, limit)
+		switch {
+		case errors.Is(err, errPageTooLarge) && limit > 1:
+			limit = max(1, limit/4)
+			continue
+		case errors.Is(err, errPageTooLarge):
+			// Not one object fits what the budget has left: this page is
+			// listed as metadata, and patched.
+			klog.FromContext(ctx).V(1).Info("Listed objects held by passes are at their budget; patching this page", "error", err.Error())
+			return listMetadata(ctx, mg.target.scope(mg.resource), limit)(token)
+		case err != nil:
+			return nil, nil, err
+		}
+		break
+	}
+	// The read stays charged until the page is decoded.
+	defer release()
+	// Case-sensitive, as the API server decodes.
+	var raw struct {
+		metav1.ListMeta `json:"metadata"`
+		Items           []json.RawMessage `json:"items"`
+	}
+	if err := utiljson.Unmarshal(data, &raw); err != nil {
+		return nil, nil, fmt.Errorf("decoding a list of %s: %w", mg.target.Resource.GroupResource(), err)
+	}
+	list := &metav1.PartialObjectMetadataList{ListMeta: raw.ListMeta, Items: make([]metav1.PartialObjectMetadata, len(raw.Items))}
+	for i, item := range raw.Items {
+		if err := utiljson.Unmarshal(item, &list.Items[i]); err != nil {
+			return nil, nil, fmt.Errorf("decoding a list of %s: %w", mg.target.Resource.GroupResource(), err)
+		}
+	}
+	metadataOnly(list.Items)
+	return list, raw.Items, nil
+}
+
+// errPageTooLarge says a page of whole objects would not fit the budget.
+var errPageTooLarge = errors.New("a page of whole objects is larger than the budget has left")
+
+// maxWholePageRead bounds the answer to one list of whole objects that a
+// pass reads before it gives up and lists fewer.
+const maxWholePageRead = 4 * wholePageBytes
+
+// readWholePage reads one list of whole objects, at most maxWholePageRead
+// bytes, charging the budget twice what it reads as it reads (decoding
+// holds the answer and a copy of each object at once), so passes reading at
+// once share it. An answer that does not fit is dropped unread
+// (errPageTooLarge), and the caller lists fewer. release gives the charge
+// back, once the page is decoded.
+func (mg *migration) readWholePage(ctx context.Context, namespace, token string, limit int64) (data []byte, release func(), err error) {
+	reader := &chargedReader{mg: mg, most: maxWholePageRead}
+	defer func() {
+		if err != nil {
+			reader.release()
+		}
+	}()
+	req := mg.request(mg.m.Objects.Get(), namespace, "").
+		Param("limit", strconv.FormatInt(limit, 10)).
+		SetHeader("Accept", "application/json")
+	if token != "" {
+		req = req.Param("continue", token)
+	}
+	stream, err := req.Stream(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { _ = stream.Close() }()
+	reader.r = stream
+	data, err = io.ReadAll(reader)
+	if errors.Is(err, errPageTooLarge) {
+		return nil, nil, fmt.Errorf("%w: %d objects are more than %d bytes, or than the budget has left", errPageTooLarge, limit, reader.read)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return data, reader.release, nil
+}
+
+// chargedReader reads a list's answer, charging the Migrator's budget for
+// every byte read, twice.
+type chargedReader struct {
+	r    io.Reader
+	mg   *migration
+	most int64
+	read int64
+}
+
+func (c *chargedReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		if c.read+int64(n) > c.most || !c.mg.m.charge(2*int64(n), c.mg.budget()) {
+			return 0, errPageTooLarge
+		}
+		c.read += int64(n)
+	}
+	return n, err
+}
+
+// release gives back what was read, once.
+func (c *chargedReader) release() {
+	c.mg.m.bodyBytes.Add(-2 * c.read)
+	c.read = 0
+}
+
+// budget is what the Migrator's passes may hold of listed objects.
+func (mg *migration) budget() int64 {
+	if mg.m.BodyBytes > 0 {
+		return mg.m.BodyBytes
+	}
+	return DefaultBodyBytes
+}
+
+// holdBodies charges a page's bodies to the Migrator's budget, or drops
+// them (the page is patched) when they do not fit.
+func (mg *migration) holdBodies(ctx context.Context, pg *page) {
+	var size int64
+	for _, b := range pg.bodies {
+		size += int64(len(b))
+	}
+	if mg.m.bodyBytes.Add(size) > mg.budget() {
+		mg.m.bodyBytes.Add(-size)
+		pg.bodies = nil
+		klog.FromContext(ctx).V(1).Info("Listed objects held by passes are at their budget; patching this page", "objects", len(pg.items), "bytes", size)
+		return
+	}
+	pg.charge = &atomic.Int64{}
+	pg.charge.Store(size)
+}
+
+// release returns a page's charge (nil for a page without bodies) to the
+// budget, once.
+func (mg *migration) release(charge *atomic.Int64) {
+	if charge != nil {
+		mg.m.bodyBytes.Add(-charge.Swap(0))
+	}
+}
+
+// nextWholeLimit is the limit of the page after one of limit objects that
+// held bodies: as many objects of the largest one's size as fit in
+// wholePageBytes, at most twice limit and the page size, at least 1.
+func nextWholeLimit(pageSize, limit int64, bodies []json.RawMessage) int64 {
+	largest := 1
+	for _, b := range bodies {
+		largest = max(largest, len(b))
+	}
+	return max(1, min(pageSize, 2*limit, int64(wholePageBytes)/int64(largest)))
+}

@@ -1,0 +1,206 @@
+package migrator
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/client-go/metadata"
+
+	"github.com/restow/restow/internal/migrator/pace"
+	"github.com/restow/restow/internal/storedversions"
+)
+
+// The entry of the engine: Migrate (a whole migration) and Rewrite (its
+// first pass alone), and the state of one migration. Calls go one way from
+// here: into the pass (pass.go, which lists through list.go and writes
+// through write.go), and into the finish (finish.go). Leaves that every step
+// uses: types.go (the public vocabulary), progress.go (what is reported),
+// proof.go (what proves an object stored at the target), errors.go.
+
+// Migrate runs a whole migration of target: the first pass over every
+// object, then, for a CRD whose status.storedVersions lists other versions,
+// the settle window, the re-check and the prune (with opts.Prune). It
+// returns the result when it reached its end, with failures if objects
+// could not be rewritten (nothing is pruned then); a *TransientError or
+// *StalledError when it stopped, with the last Progress to resume from; and
+// an error wrapping storedversions.ErrCRDChanged when the CRD changed
+// meanwhile, so a new migration must start.
+func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
+	// A migration covers every object: only Rewrite starts after a token.
+	opts.Continue = ""
+	mg := newMigration(m, target, opts, observe)
+	if err := mg.checkViaStatus(); err != nil {
+		return mg.result(), err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var window sync.WaitGroup
+	defer window.Wait()
+	defer cancel()
+	if target.CRD != nil {
+		window.Go(func() { mg.closeWindowAt(ctx) })
+	}
+	// Only a migration that may prune re-checks, and needs the record.
+	mg.recordWrites = target.CRD != nil && opts.Prune && !target.Partial()
+	if mg.progress().Phase == PhaseRewriting {
+		// No answer counts before every API server has switched (lag.go);
+		// the report shows until when.
+		mg.report()
+		if err := sleepUntil(ctx, later(mg.switchedBy, mg.cp.StartTime.Add(informerLag))); err != nil {
+			return mg.result(), err
+		}
+		if err := mg.pass(ctx, false); err != nil {
+			return mg.result(), err
+		}
+		if mg.result().Failed > 0 || target.CRD == nil {
+			return mg.result(), nil
+		}
+		// The first pass is over: a checkpoint taken from now on resumes
+		// here, also when reading the CRD below fails.
+		mg.setPhase(PhaseSettling)
+	}
+	if target.CRD == nil {
+		return mg.result(), nil
+	}
+	crd, err := mg.liveCRD(ctx)
+	if err != nil || !opts.Prune || target.Partial() || slices.Equal(crd.Status.StoredVersions, []string{target.CRD.StorageVersion}) {
+		// Nothing to prune: with pruning off restow does not touch
+		// storedVersions, a pass over one namespace proves nothing about
+		// the others, and [target] holds no other version.
+		return mg.result(), err
+	}
+	if err := mg.settle(ctx); err != nil {
+		return mg.result(), err
+	}
+	mg.startRecheck()
+	if err := mg.pass(ctx, true); err != nil {
+		return mg.result(), err
+	}
+	result := mg.result()
+	if result.Failed > 0 {
+		return result, nil
+	}
+	result.Pruned, err = storedversions.Prune(ctx, m.Client, m.Reader, storedversions.Expected{
+		Name: target.CRD.Name, UID: target.CRD.UID, StorageVersion: target.CRD.StorageVersion, Generation: target.CRD.Generation,
+	})
+	return result, err
+}
+
+// Rewrite lists every object of the target and rewrites each unchanged, so
+// the API server stores it at the storage version: the first pass of a
+// migration, without its finish. A rewrite that fails permanently is
+// recorded in the result and the pass goes on. It returns a *TransientError
+// when transient errors persist past the retry backoff and a *StalledError
+// when the resource cannot be listed or patched; either way the last
+// Progress has the token to resume from.
+func (m *Migrator) Rewrite(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
+	mg := newMigration(m, target, opts, observe)
+	if err := mg.checkViaStatus(); err != nil {
+		return mg.result(), err
+	}
+	// Its checkpoint says it waited for every API server: it does (lag.go).
+	if err := sleepUntil(ctx, mg.switchedBy); err != nil {
+		return mg.result(), err
+	}
+	err := mg.pass(ctx, false)
+	return mg.result(), err
+}
+
+// migration is the state of one Migrate or Rewrite.
+type migration struct {
+	m        *Migrator
+	target   Target
+	opts     Options
+	observe  Observer
+	resource metadata.Getter
+
+	// successes counts rewrites that succeeded, as evidence that the API
+	// server works while one object keeps failing.
+	successes atomic.Int64
+	// retrying counts objects whose requests are failing transiently now.
+	retrying atomic.Int64
+	// observing delivers progress in order: a snapshot and its delivery
+	// happen under it, so an older snapshot never overwrites a newer one.
+	observing sync.Mutex
+	// pace limits the rewrites in flight; each pass sets its own.
+	pace *pace.Pacer
+	// updateRefused is set once the API server answered 403 to writing an
+	// object back as listed: the rest of the migration patches (write.go).
+	updateRefused atomic.Bool
+	// isolated counts the pages taken apart to pass over an object that no
+	// served version lists (isolate.go).
+	isolated atomic.Int64
+
+	mu sync.Mutex
+	// cp is committed at page boundaries.
+	cp          Checkpoint
+	remaining   *int64
+	retryingMsg string
+	// waitingForSlot is set while the pass waits for a slot among the
+	// passes that run at once.
+	waitingForSlot bool
+	settleUntil    time.Time
+	stopErr        error
+	// switchedBy is when every API server stores at the target version.
+	switchedBy time.Time
+	// proven records the resourceVersions the pass's own rewrites produced
+	// or confirmed after the list snapshot, until cp.WindowEnd is known, when
+	// recordWrites says the re-check will need them; see proof.go.
+	proven       map[string]struct{}
+	recordWrites bool
+}
+
+func newMigration(m *Migrator, target Target, opts Options, observe Observer) *migration {
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = DefaultConcurrency
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = DefaultPageSize
+	}
+	if opts.RetryBackoff.Steps == 0 {
+		opts.RetryBackoff = DefaultRetryBackoff
+	}
+	if opts.SettleWindow == 0 {
+		opts.SettleWindow = DefaultSettleWindow
+	}
+	if observe == nil {
+		observe = func(Progress) {}
+	}
+	mg := &migration{m: m, target: target, opts: opts, observe: observe, resource: m.Metadata.Resource(target.Resource), proven: map[string]struct{}{}}
+	cp := opts.Resume
+	resumed := cp.Resumes(target)
+	if !resumed {
+		cp = NewCheckpoint(target)
+		cp.Continue = opts.Continue
+	}
+	mg.cp = *cp
+	mg.cp.Failures = append([]Failure(nil), cp.Failures...)
+	mg.switchedBy = mg.cp.StartTime.Add(mg.cp.LagWait)
+	if resumed && mg.cp.Phase == PhaseRewriting && mg.cp.Continue == "" && mg.cp.Done() == 0 {
+		// Nothing was proven yet, and the start time was taken by another
+		// process, maybe on another node whose clock is ahead: wait the
+		// whole lag from now.
+		mg.switchedBy = time.Now().Add(mg.cp.LagWait)
+	}
+	mg.settleUntil = mg.switchedBy.Add(opts.SettleWindow)
+	if resumed && mg.cp.WindowEnd == "" {
+		// The start time was taken by another process, maybe on another
+		// node whose clock is behind: count a whole window from now.
+		mg.settleUntil = later(mg.settleUntil, time.Now().Add(opts.SettleWindow))
+	}
+	return mg
+}
+
+// checkViaStatus refuses a rewrite through /status on a CRD version without
+// that subresource: every patch would answer 404.
+func (mg *migration) checkViaStatus() error {
+	if crd := mg.target.CRD; crd != nil && mg.opts.ViaStatus && !crd.StatusSubresource {
+		return &StalledError{Message: fmt.Sprintf(
+			"rewriteViaStatus needs a status subresource, and version %s of CRD %s has none: turn rewriteViaStatus off, or add subresources.status to %s",
+			crd.StorageVersion, crd.Name, crd.StorageVersion)}
+	}
+	return nil
+}

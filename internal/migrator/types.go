@@ -1,0 +1,201 @@
+package migrator
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// The public vocabulary of the engine: the options of a migration, its
+// checkpoint, the progress it reports and the result it returns.
+
+// Defaults for a migration.
+const (
+	// DefaultConcurrency is the upper bound of a pass's pace: it finds the
+	// pace the API server can take below it (package pace).
+	DefaultConcurrency = 256
+	DefaultPageSize    = 500
+	// DefaultSettleWindow is twice kube-apiserver's default --request-timeout
+	// of 60 s: the API server tears a CRD's old storage down at the latest
+	// that long after a switch, once requests that began on it have ended.
+	DefaultSettleWindow = 2 * time.Minute
+	// maxFailedObjects bounds the failures a pass keeps, as the API does.
+	maxFailedObjects = 10
+	// maxChangedRetries bounds how often one object is re-read and patched
+	// again because others keep changing it while its managedFields need
+	// re-pointing.
+	maxChangedRetries = 5
+)
+
+// DefaultRetryBackoff spaces the attempts at one request after transient
+// errors: 8 attempts, 250 ms apart at first and doubling, about 32 seconds in
+// all (up to 20% more with jitter), before the object counts as failing. No
+// cap: wait.Backoff ends the steps early once a delay reaches its cap.
+var DefaultRetryBackoff = wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8}
+
+// Counts counts objects by fate.
+type Counts struct {
+	// Listed objects, in the first pass.
+	Listed int64
+	// Migrated objects were re-encoded at the target version: the API
+	// server accepted the rewrite and stored the object anew.
+	Migrated int64
+	// AlreadyStored objects were stored at the target version already: the
+	// API server accepted the rewrite and wrote nothing (the resourceVersion
+	// it answered with is the one listed).
+	AlreadyStored int64
+	// Skipped objects: deleted, or changed by someone else, since listed.
+	Skipped int64
+	// Failed objects could not be rewritten.
+	Failed int64
+	// Rechecked objects were written by someone else within the settle
+	// window and rewritten again after it.
+	Rechecked int64
+}
+
+// Done is how many objects the first pass is done with.
+func (c Counts) Done() int64 { return c.Migrated + c.AlreadyStored + c.Skipped + c.Failed }
+
+// Failure is an object the pass could not rewrite.
+type Failure struct {
+	Namespace, Name string
+	// Reason is the API server's CamelCase reason, such as Forbidden.
+	Reason  string
+	Message string
+}
+
+// Phase is where a migration stands.
+type Phase string
+
+// The phases of a migration.
+const (
+	// PhaseRewriting means the first pass lists and rewrites every object.
+	PhaseRewriting Phase = "Rewriting"
+	// PhaseSettling means every object was rewritten; the migration waits for
+	// the settle window to end.
+	PhaseSettling Phase = "Settling"
+	// PhaseRechecking means the window is over; what others wrote within it is
+	// rewritten again.
+	PhaseRechecking Phase = "Rechecking"
+)
+
+// Options tune a migration.
+type Options struct {
+	// Concurrency is the most rewrites a pass has in flight at once. The
+	// pass paces itself below it, to what the API server can take.
+	Concurrency int
+	// FixedConcurrency keeps Concurrency rewrites in flight, without
+	// pacing: for measurements.
+	FixedConcurrency bool
+	PageSize         int64
+	// ViaStatus rewrites through the /status subresource.
+	ViaStatus bool
+	// RetryBackoff spaces retries of transient errors; zero means DefaultRetryBackoff.
+	RetryBackoff wait.Backoff
+	// SettleWindow is how long after every API server switched (StartTime
+	// plus the target's LagWait) a write that began on the old storage may
+	// still commit: the prune waits for it. Zero means DefaultSettleWindow;
+	// see docs/architecture.md.
+	SettleWindow time.Duration
+	// Prune trims the CRD's status.storedVersions at the end.
+	Prune bool
+	// Resume continues a migration from the Checkpoint of its last Progress.
+	// It is ignored, and the migration starts over, unless it was taken on
+	// the same CRD (UID) at the same generation and target version.
+	Resume *Checkpoint
+	// Continue starts Rewrite after the page that ended with this token.
+	Continue string
+}
+
+// Checkpoint is what a migration needs to resume: the caller saves it from
+// each Progress (the operator in status.progress) and passes it back in
+// Options.Resume.
+type Checkpoint struct {
+	Phase Phase
+	// StartTime is when the migration began, just after it saw the API
+	// server store at the target version.
+	StartTime time.Time
+	// LagWait is how long after StartTime the first pass waited for every
+	// API server to store at the target version (lag.go); zero with one API
+	// server. The settle window counts from StartTime + LagWait.
+	LagWait time.Duration
+	// TargetVersion, CRDUID and CRDGeneration bind the checkpoint to the
+	// CRD the migration began on.
+	TargetVersion string
+	CRDUID        types.UID
+	CRDGeneration int64
+	// ListResourceVersion is the resourceVersion of the first pass's list
+	// snapshot; objects not written since were rewritten as no-ops.
+	ListResourceVersion string
+	// WindowEnd is a resourceVersion read after the settle window ended:
+	// every write that began on the old storage is at or below it.
+	WindowEnd string
+	// Continue resumes the first pass after the last page whose every
+	// object is done. Counts and Failures match it exactly.
+	Continue string
+	Counts
+	Failures []Failure
+}
+
+// Resumes reports whether cp was taken on the CRD and version of target, at
+// the same generation, and waited at least as long for every API server to
+// switch as target asks: only then may a migration go on from it. Otherwise
+// pages it passed may hold objects written at another version since, or
+// proven by an API server that had not switched.
+func (cp *Checkpoint) Resumes(target Target) bool {
+	// A migration limited to one namespace never resumes: its token would
+	// skip the namespaces before it in a migration of the whole resource.
+	if cp == nil || target.Partial() || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() || cp.LagWait < target.LagWait {
+		return false
+	}
+	if target.CRD == nil {
+		return cp.CRDUID == ""
+	}
+	return cp.CRDUID == target.CRD.UID && cp.CRDGeneration == target.CRD.Generation
+}
+
+// NewCheckpoint is the checkpoint of a migration of target that begins now,
+// just after Resolve saw the API server store at the target version.
+func NewCheckpoint(target Target) *Checkpoint {
+	cp := &Checkpoint{Phase: PhaseRewriting, StartTime: time.Now(), LagWait: target.LagWait, TargetVersion: target.TargetVersion()}
+	if target.CRD != nil {
+		cp.CRDUID, cp.CRDGeneration = target.CRD.UID, target.CRD.Generation
+	}
+	return cp
+}
+
+// Progress is a snapshot of a migration under way.
+type Progress struct {
+	Checkpoint
+	// RemainingEstimate is the list's remainingItemCount after the last page, if given.
+	RemainingEstimate *int64
+	// Retrying describes the transient error being retried, or is "".
+	Retrying string
+	// SwitchedBy is when every API server stores at the target version, by
+	// the lag bound: the first pass starts then (lag.go).
+	SwitchedBy time.Time
+	// SettleUntil is when the settle window ends.
+	SettleUntil time.Time
+	// Concurrency is the pace: how many rewrites the pass has in flight
+	// at most now.
+	Concurrency int
+	// WaitingForSlot is set while the pass waits for one of the passes
+	// that run at once to end (Migrator.MaxPasses).
+	WaitingForSlot bool
+}
+
+// Result is what a migration that reached its end returns.
+type Result struct {
+	Counts
+	// Failures holds the first few objects that could not be rewritten.
+	Failures []Failure
+	// Pruned are the versions removed from status.storedVersions.
+	Pruned []string
+	// StartTime is when the migration began (for a resumed one, the first start).
+	StartTime time.Time
+}
+
+// Observer receives progress. It may be called from several goroutines and
+// must be cheap: it runs after every page and on every transient error.
+type Observer func(Progress)
