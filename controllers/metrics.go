@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -52,7 +54,34 @@ func init() {
 	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesRunning, passesTotal, passDuration, storedVersionsPrunes, buildInfo)
 }
 
-// countObjects adds what a pass did since the counts last reported.
+// runEnd is the end of a run, as the metrics count it.
+type runEnd struct {
+	resource string
+	// result labels restow_passes_total: succeeded, stalled, transient, restarted.
+	result string
+	// succeeded says the run reached its end without failures: its
+	// duration is observed, and its prune counted.
+	succeeded bool
+	duration  time.Duration
+	pruned    bool
+}
+
+// countRunEnd counts the end of a run of a StorageMigration; nil counts nothing.
+func countRunEnd(e *runEnd) {
+	if e == nil {
+		return
+	}
+	passesTotal.WithLabelValues(e.resource, e.result).Inc()
+	if !e.succeeded {
+		return
+	}
+	if e.pruned {
+		storedVersionsPrunes.WithLabelValues(e.resource).Inc()
+	}
+	passDuration.WithLabelValues(e.resource).Observe(e.duration.Seconds())
+}
+
+// countObjects adds what a run did since the counts last reported.
 func countObjects(resource string, last, now migrator.Counts) {
 	objectsTotal.WithLabelValues(resource, "migrated").Add(float64(max(now.Migrated-last.Migrated, 0)))
 	objectsTotal.WithLabelValues(resource, "already_stored").Add(float64(max(now.AlreadyStored-last.AlreadyStored, 0)))
@@ -60,7 +89,7 @@ func countObjects(resource string, last, now migrator.Counts) {
 	objectsTotal.WithLabelValues(resource, "failed").Add(float64(max(now.Failed-last.Failed, 0)))
 }
 
-// setRunning sets the gauges of the pass under way; progress nil means none runs.
+// setRunning sets the gauges of the run under way; progress nil means none runs.
 func setRunning(resource string, progress *migrator.Progress) {
 	remaining, pace := 0.0, 0.0
 	if progress != nil {

@@ -16,19 +16,22 @@ import (
 
 // Options configure restow's controllers. cmd/manager fills them from flags;
 // tests from their own needs, so both wire the controllers the same way.
+// They are said here once: the reconcilers embed them.
 type Options struct {
 	// Concurrency and PageSize apply when a StorageMigration leaves them unset.
 	Concurrency int
 	PageSize    int64
-	// StatusInterval is how often status is written while a pass runs.
+	// StatusInterval is how often status is written while a run goes on.
 	StatusInterval time.Duration
-	// StalledRetryBase and StalledRetryMax bound the backoff of Stalled retries.
+	// StalledRetryBase and StalledRetryMax bound the backoff before a run
+	// that ended Stalled is tried again (for a StorageVersionMigration,
+	// before a run that paused on transient errors resumes).
 	StalledRetryBase, StalledRetryMax time.Duration
-	// RetryBackoff spaces retries of transient errors within a pass; zero
-	// means the migrator's default.
+	// RetryBackoff spaces retries of transient errors within a run; zero
+	// means migrator.DefaultRetryBackoff.
 	RetryBackoff wait.Backoff
-	// SettleWindow is how long after the storage switch a pass waits before
-	// it re-checks and prunes; zero means the migrator's default.
+	// SettleWindow is how long after the storage switch a run waits before
+	// it re-checks and prunes; zero means migrator.DefaultSettleWindow.
 	SettleWindow time.Duration
 	// LagBound and AssumeSeveral say how long API servers may lag each
 	// other's switch of a CRD's storage version, and whether to count them;
@@ -85,37 +88,25 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		log.Error(svm.ErrNotServed, "Not serving StorageVersionMigrations (--serve-storage-version-migrations): enable the API on the API server (Kubernetes 1.35 and later) and restart the manager")
 	}
 	migrations := &StorageMigrationReconciler{
-		Client:           mgr.GetClient(),
-		APIReader:        mgr.GetAPIReader(),
-		Migrator:         m,
-		Recorder:         recorder,
-		Concurrency:      opts.Concurrency,
-		PageSize:         opts.PageSize,
-		StatusInterval:   opts.StatusInterval,
-		StalledRetryBase: opts.StalledRetryBase,
-		StalledRetryMax:  opts.StalledRetryMax,
-		RetryBackoff:     opts.RetryBackoff,
-		SettleWindow:     opts.SettleWindow,
-		Standard:         standard,
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Migrator:  m,
+		Recorder:  recorder,
+		Standard:  standard,
+		Options:   opts,
 	}
 	if err := migrations.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
 	}
 	if standard != nil && opts.ServeStandard {
 		served := &StorageVersionMigrationReconciler{
-			Client:           mgr.GetClient(),
-			APIReader:        mgr.GetAPIReader(),
-			Cache:            mgr.GetCache(),
-			Migrator:         m,
-			Recorder:         recorder,
-			Version:          version,
-			Concurrency:      opts.Concurrency,
-			PageSize:         opts.PageSize,
-			StatusInterval:   opts.StatusInterval,
-			RetryBackoff:     opts.RetryBackoff,
-			SettleWindow:     opts.SettleWindow,
-			StalledRetryBase: opts.StalledRetryBase,
-			StalledRetryMax:  opts.StalledRetryMax,
+			Client:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
+			Cache:     mgr.GetCache(),
+			Migrator:  m,
+			Recorder:  recorder,
+			Version:   version,
+			Options:   opts,
 		}
 		if err := served.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the StorageVersionMigration controller: %w", err)

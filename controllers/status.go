@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -9,75 +10,95 @@ import (
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 )
 
-// phase is where a StorageMigration stands after a reconcile.
-type phase int
+// condition is which of the kstatus conditions Ready, Reconciling and
+// Stalled is True after a reconcile (conditionsFor writes all three).
+type condition int
 
 const (
-	// phaseReady: every object is at the target version (and pruned).
-	phaseReady phase = iota
-	// phaseReconciling: a pass is running or waiting for the API server.
-	phaseReconciling
-	// phaseStalled: the migration needs a user's action.
-	phaseStalled
+	// conditionReady: every object is at the target version (and pruned).
+	conditionReady condition = iota
+	// conditionReconciling: a run is under way, or the migration waits for
+	// the API server.
+	conditionReconciling
+	// conditionStalled: the migration needs a user's action.
+	conditionStalled
 )
 
-// outcome is what a reconcile concluded, with the reason and message the
-// conditions carry.
+// outcome is what a reconcile of a StorageMigration concluded: the
+// condition that holds, with the reason and message the conditions carry,
+// and what else the reconcile writes for it. The steps that decide
+// (startIfNeeded, startRun, the run's end through judge and ended) only
+// fill it in; record (record.go) is its one writer, of status, events and
+// metrics alike. The StorageVersionMigration reconciler reads the condition,
+// reason and message of runUnderWay's and judge's outcomes, and writes the
+// standard status itself.
 type outcome struct {
-	phase   phase
-	reason  string
-	message string
-	// announced says an event was recorded for this outcome already.
+	condition condition
+	reason    string
+	message   string
+	// announced says the step that decided this outcome has an event of its
+	// own (in events, or one it recorded for an earlier reconcile of the
+	// same cause): no event for the transition of Ready's reason.
 	announced bool
+
+	// status holds the fields of status, besides the conditions and
+	// progressSummary, that the reconcile sets.
+	status statusFields
+	// events are the step's own events, recorded in this order.
+	events []stepEvent
+	// ended, when set, is the end of a run, for the metrics.
+	ended *runEnd
 }
 
-// withEvent marks o as recorded by an event of its own.
-func (o outcome) withEvent() outcome {
+// withEvents marks o as announced by the step that decided it, with the
+// events that step records (none, when it said so before).
+func (o outcome) withEvents(events ...stepEvent) outcome {
 	o.announced = true
+	o.events = slices.Concat(o.events, events)
 	return o
 }
 
 func ready(message string) outcome {
-	return outcome{phase: phaseReady, reason: migrationv1alpha1.SucceededReason, message: message}
+	return outcome{condition: conditionReady, reason: migrationv1alpha1.SucceededReason, message: message}
 }
 
 func reconciling(reason, message string) outcome {
-	return outcome{phase: phaseReconciling, reason: reason, message: message}
+	return outcome{condition: conditionReconciling, reason: reason, message: message}
 }
 
 func stalled(reason, message string) outcome {
-	return outcome{phase: phaseStalled, reason: reason, message: message}
+	return outcome{condition: conditionStalled, reason: reason, message: message}
 }
 
 // conditionsFor computes Ready, Reconciling and Stalled for an outcome, with
 // kstatus semantics: Reconciling and Stalled are True only while they hold,
 // and Ready is True only when nothing is left to do.
 func conditionsFor(o outcome, generation int64) []metav1.Condition {
-	condition := func(t string, s bool, reason, message string) metav1.Condition {
+	cond := func(t string, s bool, reason, message string) metav1.Condition {
 		status := metav1.ConditionFalse
 		if s {
 			status = metav1.ConditionTrue
 		}
 		return metav1.Condition{Type: t, Status: status, Reason: reason, Message: message, ObservedGeneration: generation}
 	}
-	switch o.phase {
-	case phaseReady:
+	switch o.condition {
+	case conditionReady:
 		return []metav1.Condition{
-			condition(migrationv1alpha1.ReadyCondition, true, o.reason, o.message),
-			condition(migrationv1alpha1.ReconcilingCondition, false, o.reason, ""),
-			condition(migrationv1alpha1.StalledCondition, false, o.reason, ""),
+			cond(migrationv1alpha1.ReadyCondition, true, o.reason, o.message),
+			cond(migrationv1alpha1.ReconcilingCondition, false, o.reason, ""),
+			cond(migrationv1alpha1.StalledCondition, false, o.reason, ""),
 		}
-	case phaseReconciling:
+	case conditionReconciling:
 		return []metav1.Condition{
-			condition(migrationv1alpha1.ReadyCondition, false, o.reason, o.message),
-			condition(migrationv1alpha1.ReconcilingCondition, true, o.reason, o.message),
-			condition(migrationv1alpha1.StalledCondition, false, o.reason, ""),
+			cond(migrationv1alpha1.ReadyCondition, false, o.reason, o.message),
+			cond(migrationv1alpha1.ReconcilingCondition, true, o.reason, o.message),
+			cond(migrationv1alpha1.StalledCondition, false, o.reason, ""),
 		}
 	default:
 		return []metav1.Condition{
-			condition(migrationv1alpha1.ReadyCondition, false, o.reason, o.message),
-			condition(migrationv1alpha1.ReconcilingCondition, false, o.reason, ""),
-			condition(migrationv1alpha1.StalledCondition, true, o.reason, o.message),
+			cond(migrationv1alpha1.ReadyCondition, false, o.reason, o.message),
+			cond(migrationv1alpha1.ReconcilingCondition, false, o.reason, ""),
+			cond(migrationv1alpha1.StalledCondition, true, o.reason, o.message),
 		}
 	}
 }
@@ -90,7 +111,7 @@ func setConditions(status *migrationv1alpha1.StorageMigrationStatus, o outcome, 
 	}
 }
 
-// progressMessage says how far a pass has come, for the Reconciling condition.
+// progressMessage says how far a run has come, for the Reconciling condition.
 func progressMessage(target string, p *migrationv1alpha1.PassProgress) string {
 	done := p.Done()
 	if p.RemainingEstimate != nil {
@@ -100,7 +121,7 @@ func progressMessage(target string, p *migrationv1alpha1.PassProgress) string {
 }
 
 // progressSummary is status.progressSummary: objects done of objects to
-// visit, for the pass under way or else the last pass.
+// visit, for the run under way or else the last one.
 func progressSummary(status *migrationv1alpha1.StorageMigrationStatus) string {
 	switch p := status.Progress; {
 	case p != nil && p.RemainingEstimate != nil:

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -90,20 +89,16 @@ type StorageVersionMigrationReconciler struct {
 	Recorder events.EventRecorder
 	// Version is the served version of storagemigration.k8s.io, v1 or v1beta1.
 	Version string
+	// Options are the manager's; the reconciler reads the knobs of runs
+	// (Concurrency, PageSize, StatusInterval, RetryBackoff, SettleWindow,
+	// and StalledRetryBase and StalledRetryMax, which here bound the waits
+	// of runs that paused on transient errors).
+	Options
 
-	Concurrency    int
-	PageSize       int64
-	StatusInterval time.Duration
-	RetryBackoff   wait.Backoff
-	SettleWindow   time.Duration
-	// StalledRetryBase and StalledRetryMax bound the waits of passes that
-	// paused on transient errors.
-	StalledRetryBase, StalledRetryMax time.Duration
-
-	passes *passes
-	// mu guards the checkpoints of paused passes and the conflicts said.
+	runs *runs
+	// mu guards the checkpoints of paused runs and the conflicts said.
 	mu sync.Mutex
-	// resume holds, per object, the checkpoint of a pass that paused on a
+	// resume holds, per object, the checkpoint of a run that paused on a
 	// transient error.
 	resume map[string]*migrator.Checkpoint
 	// conflicts and waitingFor remember the conflict, and the older
@@ -115,7 +110,7 @@ type StorageVersionMigrationReconciler struct {
 // +kubebuilder:rbac:groups=storagemigration.k8s.io,resources=storageversionmigrations,verbs=get;list;watch
 // +kubebuilder:rbac:groups=storagemigration.k8s.io,resources=storageversionmigrations/status,verbs=update
 
-// SetupWithManager registers the reconciler and the passes it keeps in the background.
+// SetupWithManager registers the reconciler and the runs it keeps in the background.
 func (r *StorageVersionMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	switch {
 	case r.Client == nil, r.APIReader == nil, r.Cache == nil, r.Migrator == nil, r.Recorder == nil:
@@ -125,9 +120,9 @@ func (r *StorageVersionMigrationReconciler) SetupWithManager(mgr ctrl.Manager) e
 	case r.StatusInterval <= 0, r.StalledRetryBase <= 0, r.StalledRetryMax < r.StalledRetryBase:
 		return errors.New("StorageVersionMigrationReconciler needs StatusInterval > 0 and 0 < StalledRetryBase <= StalledRetryMax")
 	}
-	r.passes = newPasses(r.StalledRetryBase, r.StalledRetryMax)
+	r.runs = newRuns(r.StalledRetryBase, r.StalledRetryMax)
 	r.resume, r.conflicts, r.waitingFor = map[string]*migrator.Checkpoint{}, map[string]string{}, map[string]string{}
-	if err := mgr.Add(r.passes); err != nil {
+	if err := mgr.Add(r.runs); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -136,7 +131,7 @@ func (r *StorageVersionMigrationReconciler) SetupWithManager(mgr ctrl.Manager) e
 		// wake it (it looks again every StatusInterval while it acts), and
 		// the spec is immutable.
 		For(svm.New(r.Version), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WatchesRawSource(source.Channel(r.passes.wake, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.runs.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 2}).
 		Complete(r)
 }
@@ -199,9 +194,9 @@ func otherStatusWriter(m *svmv1.StorageVersionMigration) string {
 	return ""
 }
 
-// refuse stops restow's pass of m, if any, and says once why restow leaves m alone.
+// refuse stops restow's run of m, if any, and says once why restow leaves m alone.
 func (r *StorageVersionMigrationReconciler) refuse(ctx context.Context, u client.Object, m *svmv1.StorageVersionMigration, other string) {
-	r.passes.stop(m.Name)
+	r.runs.stop(m.Name)
 	r.mu.Lock()
 	said := r.conflicts[m.Name] == other
 	r.conflicts[m.Name] = other
@@ -218,51 +213,51 @@ func (r *StorageVersionMigrationReconciler) refuse(ctx context.Context, u client
 
 // forget drops everything restow keeps of a StorageVersionMigration.
 func (r *StorageVersionMigrationReconciler) forget(name string) {
-	r.passes.stop(name)
+	r.runs.stop(name)
 	r.mu.Lock()
 	delete(r.resume, name)
 	delete(r.conflicts, name)
 	delete(r.waitingFor, name)
 	r.mu.Unlock()
-	r.passes.stalled.Forget(name)
+	r.runs.stalled.Forget(name)
 }
 
-// reconcile follows the pass of m, or starts one. It sets m's status and
+// reconcile follows the run of m, or starts one. It sets m's status and
 // returns when to look again.
 func (r *StorageVersionMigrationReconciler) reconcile(ctx context.Context, u client.Object, m *svmv1.StorageVersionMigration) (time.Duration, error) {
-	p := r.passes.get(m.Name)
-	if p != nil && p.uid != m.UID {
+	rn := r.runs.get(m.Name)
+	if rn != nil && rn.uid != m.UID {
 		// Deleted and created again under the same name: another object.
-		r.passes.stop(m.Name)
-		p = nil
+		r.runs.stop(m.Name)
+		rn = nil
 	}
-	if p == nil {
+	if rn == nil {
 		return r.start(ctx, u, m)
 	}
-	state := p.read()
+	state := rn.read()
 	if !state.done {
-		out := passUnderWay(p.target, state.progress, statusProgress(state.progress), time.Now())
+		out := runUnderWay(rn.target, state.progress, statusProgress(state.progress), time.Now())
 		markRunning(m, out.message)
 		return r.StatusInterval, nil
 	}
-	r.passes.forget(m.Name)
-	v := judge(p.target, state, time.Now())
-	resource := p.target.Resource.GroupResource().String()
+	r.runs.forget(m.Name)
+	v := judge(rn.target, state, time.Now())
+	resource := rn.target.Resource.GroupResource().String()
 	passesTotal.WithLabelValues(resource, v.result).Inc()
 	switch {
-	case v.phase == phaseReady:
+	case v.condition == conditionReady:
 		msg := v.message
 		if len(state.result.Pruned) > 0 {
 			msg += fmt.Sprintf("; %v removed from status.storedVersions", state.result.Pruned)
 		}
 		r.Recorder.Eventf(u, nil, corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate", "%s", msg)
 		finish(m, svmv1.MigrationSucceeded, svmSucceededReason, msg)
-		r.passes.stalled.Forget(m.Name)
+		r.runs.stalled.Forget(m.Name)
 		return 0, nil
 	case v.next == nextStalled:
 		msg := v.message
 		if failures := failureList(state.result.Failures); failures != "" {
-			msg = fmt.Sprintf("%d of %d objects could not be rewritten to %s, nothing was pruned: %s", state.result.Failed, state.result.Listed, p.target.TargetVersion(), failures)
+			msg = fmt.Sprintf("%d of %d objects could not be rewritten to %s, nothing was pruned: %s", state.result.Failed, state.result.Listed, rn.target.TargetVersion(), failures)
 		}
 		r.Recorder.Eventf(u, nil, corev1.EventTypeWarning, v.reason, "Migrate", "%s", msg)
 		finish(m, svmv1.MigrationFailed, svmFailedReason, msg)
@@ -273,17 +268,17 @@ func (r *StorageVersionMigrationReconciler) reconcile(ctx context.Context, u cli
 		r.resume[m.Name] = &cp
 		r.mu.Unlock()
 		markRunning(m, v.message)
-		return r.passes.stalled.When(m.Name), nil
+		return r.runs.stalled.When(m.Name), nil
 	}
-	// The CRD changed under the pass: a new pass starts.
+	// The CRD changed under the run: a new run starts.
 	markRunning(m, v.message)
 	return restartDelay, nil
 }
 
-// start claims m, or starts a pass of a claimed m. Nothing is written to
+// start claims m, or starts a run of a claimed m. Nothing is written to
 // a StorageVersionMigration before restow claims it, and the claim (Running
 // and the resource version the migration covers, in one update) is written
-// only after claimGrace with no status from anyone. The pass starts on the
+// only after claimGrace with no status from anyone. The run starts on the
 // next reconcile, once the live object shows the claim and no other writer:
 // so restow never migrates an object whose status another controller has
 // written, and never writes Running alone, which the in-tree
@@ -295,7 +290,7 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.
 		if older != nil {
 			r.sayWaiting(ctx, u, m, older)
 		}
-		return r.passes.waiting.When(m.Name), err
+		return r.runs.waiting.When(m.Name), err
 	}
 	claimed := m.Status.ResourceVersion != "" && meta.IsStatusConditionTrue(m.Status.Conditions, string(svmv1.MigrationRunning))
 	if !claimed {
@@ -311,10 +306,10 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.
 		if claimed {
 			markRunning(m, waitErr.Message)
 		}
-		return r.passes.waiting.When(m.Name), nil
+		return r.runs.waiting.When(m.Name), nil
 	case errors.As(err, &stalledErr):
 		if time.Since(m.CreationTimestamp.Time) < unknownResourceGrace {
-			return r.passes.waiting.When(m.Name), nil
+			return r.runs.waiting.When(m.Name), nil
 		}
 		// Failed is final and needs no claim: restow is the only writer of
 		// this status, or it would have stopped above.
@@ -327,7 +322,7 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.
 		}
 		return transientRetryDelay, nil
 	}
-	r.passes.waiting.Forget(m.Name)
+	r.runs.waiting.Forget(m.Name)
 	if !claimed {
 		rv, err := r.currentResourceVersion(ctx, target)
 		if err != nil {
@@ -344,9 +339,7 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.
 	cp := r.resume[m.Name]
 	delete(r.resume, m.Name)
 	r.mu.Unlock()
-	if !cp.Resumes(target) {
-		cp = migrator.NewCheckpoint(target)
-	}
+	cp, _, _ = migrator.ResumeFrom(cp, target)
 	opts := migrator.Options{
 		Concurrency:  r.Concurrency,
 		PageSize:     r.PageSize,
@@ -355,8 +348,7 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.
 		Prune:        prune,
 		Resume:       cp,
 	}
-	p := &pass{target: target, state: passState{progress: migrator.Progress{Checkpoint: *cp}}, counted: cp.Counts}
-	if !r.passes.launch(ctx, u, p, func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
+	if !r.runs.launch(ctx, u, newRun(target, cp), func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
 		return r.Migrator.Migrate(ctrl.LoggerInto(ctx, log), target, opts, observe)
 	}) {
 		return 0, nil
@@ -371,7 +363,7 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.
 	return r.StatusInterval, nil
 }
 
-// mayPrune says whether a pass of gr may prune status.storedVersions: not
+// mayPrune says whether a run of gr may prune status.storedVersions: not
 // when a StorageMigration of the resource asks restow not to
 // (spec.pruneStoredVersions: false), and why not.
 func (r *StorageVersionMigrationReconciler) mayPrune(ctx context.Context, gr schema.GroupResource) (bool, string) {
@@ -429,7 +421,7 @@ func (r *StorageVersionMigrationReconciler) olderActive(ctx context.Context, m *
 }
 
 // currentResourceVersion is the resource version of a list of the target
-// now: every object stored before it is covered by the pass that follows,
+// now: every object stored before it is covered by the run that follows,
 // which is what status.resourceVersion says.
 func (r *StorageVersionMigrationReconciler) currentResourceVersion(ctx context.Context, target migrator.Target) (string, error) {
 	list, err := r.Migrator.Metadata.Resource(target.Resource).List(ctx, metav1.ListOptions{Limit: 1})

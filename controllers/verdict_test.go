@@ -14,35 +14,35 @@ import (
 	"github.com/restow/restow/internal/storedversions"
 )
 
-// The end of every pass is judged by one function.
+// The end of every run is judged by one function.
 func TestJudge(t *testing.T) {
 	target := migrator.Target{CRD: &migrator.CRDState{Name: "widgets.example.com", StorageVersion: "v1", ServedVersions: []string{"v1beta1", "v1"}}}
-	done := func(c migrator.Counts, pruned ...string) passState {
-		return passState{done: true, result: migrator.Result{Counts: c, Pruned: pruned, StartTime: time.Unix(0, 0)}}
+	done := func(c migrator.Counts, pruned ...string) runState {
+		return runState{done: true, result: migrator.Result{Counts: c, Pruned: pruned, StartTime: time.Unix(0, 0)}}
 	}
-	failed := func(err error) passState { return passState{done: true, err: err} }
+	failed := func(err error) runState { return runState{done: true, err: err} }
 	tests := []struct {
 		name       string
-		state      passState
-		phase      phase
+		state      runState
+		condition  condition
 		reason     string
 		next       next
 		result     string
 		checkpoint bool
 		summary    bool
 	}{
-		{"cancelled for a new spec", failed(context.Canceled), phaseReconciling, migrationv1alpha1.ProgressingReason, nextRestart, "restarted", true, false},
-		{"the CRD changed", failed(fmt.Errorf("CRD x: %w", storedversions.ErrCRDChanged)), phaseReconciling, migrationv1alpha1.ProgressingReason, nextRestart, "restarted", false, false},
-		{"stalled", failed(&migrator.StalledError{Message: "gone"}), phaseStalled, migrationv1alpha1.UnsupportedReason, nextStalled, "stalled", false, false},
-		{"transient", failed(&migrator.TransientError{Err: apierrors.NewServiceUnavailable("restarting")}), phaseReconciling, migrationv1alpha1.TransientErrorReason, nextResume, "transient", true, false},
-		{"objects failed", done(migrator.Counts{Listed: 10, Migrated: 9, Failed: 1}), phaseStalled, migrationv1alpha1.ObjectsFailedReason, nextStalled, "stalled", false, true},
-		{"succeeded", done(migrator.Counts{Listed: 10, Migrated: 10}, "v1beta1"), phaseReady, migrationv1alpha1.SucceededReason, nextNone, "succeeded", false, true},
+		{"cancelled for a new spec", failed(context.Canceled), conditionReconciling, migrationv1alpha1.ProgressingReason, nextRestart, "restarted", true, false},
+		{"the CRD changed", failed(fmt.Errorf("CRD x: %w", storedversions.ErrCRDChanged)), conditionReconciling, migrationv1alpha1.ProgressingReason, nextRestart, "restarted", false, false},
+		{"stalled", failed(&migrator.StalledError{Message: "gone"}), conditionStalled, migrationv1alpha1.UnsupportedReason, nextStalled, "stalled", false, false},
+		{"transient", failed(&migrator.TransientError{Err: apierrors.NewServiceUnavailable("restarting")}), conditionReconciling, migrationv1alpha1.TransientErrorReason, nextResume, "transient", true, false},
+		{"objects failed", done(migrator.Counts{Listed: 10, Migrated: 9, Failed: 1}), conditionStalled, migrationv1alpha1.ObjectsFailedReason, nextStalled, "stalled", false, true},
+		{"succeeded", done(migrator.Counts{Listed: 10, Migrated: 10}, "v1beta1"), conditionReady, migrationv1alpha1.SucceededReason, nextNone, "succeeded", false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			v := judge(target, tt.state, time.Unix(60, 0))
-			if v.phase != tt.phase || v.reason != tt.reason || v.next != tt.next || v.result != tt.result || v.checkpoint != tt.checkpoint || (v.summary != nil) != tt.summary {
-				t.Errorf("judge = %+v, want phase %v reason %s next %v result %s checkpoint %v summary %v", v, tt.phase, tt.reason, tt.next, tt.result, tt.checkpoint, tt.summary)
+			if v.condition != tt.condition || v.reason != tt.reason || v.next != tt.next || v.result != tt.result || v.checkpoint != tt.checkpoint || (v.summary != nil) != tt.summary {
+				t.Errorf("judge = %+v, want condition %v reason %s next %v result %s checkpoint %v summary %v", v, tt.condition, tt.reason, tt.next, tt.result, tt.checkpoint, tt.summary)
 			}
 		})
 	}

@@ -19,12 +19,13 @@ import (
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 )
 
-// Outcome is how a followed StorageMigration ended.
-type Outcome int
+// Ending is how a followed StorageMigration ended (read from its conditions,
+// as kstatus does), or Waiting while it has not.
+type Ending int
 
 const (
 	// Waiting means it is not over yet.
-	Waiting Outcome = iota
+	Waiting Ending = iota
 	// Succeeded means it is Ready for what was asked.
 	Succeeded
 	// Stalled means it needs a person.
@@ -32,13 +33,13 @@ const (
 )
 
 // Until decides from a StorageMigration whether following it is over.
-type Until func(*migrationv1alpha1.StorageMigration) Outcome
+type Until func(*migrationv1alpha1.StorageMigration) Ending
 
 // Answered is over once the StorageMigration has handled the re-run request
 // token (a pass started for it, or it stalled) and then became Ready or
 // Stalled for its current spec.
 func Answered(token string) Until {
-	return func(sm *migrationv1alpha1.StorageMigration) Outcome {
+	return func(sm *migrationv1alpha1.StorageMigration) Ending {
 		if sm.Status.LastHandledReRunToken != token {
 			return Waiting
 		}
@@ -49,7 +50,7 @@ func Answered(token string) Until {
 // ReadyAt is over once the last pass brought every object to version, or the
 // StorageMigration stalled.
 func ReadyAt(version string) Until {
-	return func(sm *migrationv1alpha1.StorageMigration) Outcome {
+	return func(sm *migrationv1alpha1.StorageMigration) Ending {
 		out := settled(sm)
 		if out == Succeeded && !sm.ReadyAt(version) {
 			return Waiting
@@ -60,7 +61,7 @@ func ReadyAt(version string) Until {
 
 // settled reads kstatus's verdict: Current with no pass under way is done,
 // Failed (Stalled) needs a person.
-func settled(sm *migrationv1alpha1.StorageMigration) Outcome {
+func settled(sm *migrationv1alpha1.StorageMigration) Ending {
 	switch state, _, _ := stateOf(sm); {
 	case state == stateFailed:
 		return Stalled
@@ -125,17 +126,17 @@ func watchMigration(ctx context.Context, c client.WithWatch, name string, fn fun
 // showing its progress on out, and returns it. total estimates the objects
 // of the pass (-1 if not known) until the StorageMigration reports its own
 // estimate. A StorageMigration that does not exist yet is waited for.
-func Follow(ctx context.Context, c client.WithWatch, name string, total int64, until Until, out io.Writer) (*migrationv1alpha1.StorageMigration, Outcome, error) {
+func Follow(ctx context.Context, c client.WithWatch, name string, total int64, until Until, out io.Writer) (*migrationv1alpha1.StorageMigration, Ending, error) {
 	sm := &migrationv1alpha1.StorageMigration{}
 	var bar *progress
-	var outcome Outcome
+	var ending Ending
 	settling := false
 	err := watchMigration(ctx, c, name, func(ev watch.EventType, latest *migrationv1alpha1.StorageMigration) (bool, error) {
 		if ev == watch.Deleted {
 			return false, fmt.Errorf("StorageMigration %s: %w", name, errDeleted)
 		}
 		sm = latest
-		if outcome = until(sm); outcome != Waiting {
+		if ending = until(sm); ending != Waiting {
 			return true, nil
 		}
 		p := sm.Status.Progress
@@ -161,7 +162,7 @@ func Follow(ctx context.Context, c client.WithWatch, name string, total int64, u
 		bar.set(p.Done(), estimate)
 		return false, nil
 	})
-	if outcome == Succeeded && sm.Status.LastPass != nil && !settling {
+	if ending == Succeeded && sm.Status.LastPass != nil && !settling {
 		if bar == nil {
 			// The pass ended between two updates.
 			bar = newProgress(out, "Rewriting "+resourceOf(sm)+" to "+sm.Status.LastPass.TargetVersion, total)
@@ -169,5 +170,5 @@ func Follow(ctx context.Context, c client.WithWatch, name string, total int64, u
 		bar.set(sm.Status.LastPass.Done(), sm.Status.LastPass.Listed)
 		bar.finish()
 	}
-	return sm, outcome, err
+	return sm, ending, err
 }

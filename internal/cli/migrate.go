@@ -57,7 +57,7 @@ operator answers within --operator-timeout, it says so and exits %d.`, ExitPendi
 			}
 			ctx, cancel := withTimeout(cmd.Context(), opts.timeout)
 			defer cancel()
-			return migrate(ctx, c, streams, args[0], opts)
+			return requestMigration(ctx, c, streams, args[0], opts)
 		},
 	}
 	cmd.Flags().BoolVar(&opts.wait, "wait", false, "Follow the pass until the StorageMigration is Ready or Stalled.")
@@ -74,7 +74,11 @@ func (o migrateOptions) validate() error {
 	return positive("operator-timeout", o.operatorTimeout)
 }
 
-func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts migrateOptions) error {
+// requestMigration is the migrate command: it asks the operator for a
+// migration of the resource arg names (a StorageMigration, or a re-run of
+// the one there is) and follows it. The run command migrates in this process
+// instead, with the engine's Migrator.Migrate.
+func requestMigration(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts migrateOptions) error {
 	gr, err := c.resolveResource(arg)
 	if err != nil {
 		return err
@@ -117,13 +121,13 @@ func migrate(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 			total = n
 		}
 	}
-	sm, outcome, err := Follow(ctx, c.watcher, name, total, Answered(token), streams.Out)
+	sm, ending, err := Follow(ctx, c.watcher, name, total, Answered(token), streams.Out)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return &exitError{code: ExitTimeout, err: fmt.Errorf("timed out waiting for StorageMigration %s: %s", name, summarize(sm))}
 	case err != nil:
 		return err
-	case outcome == Stalled:
+	case ending == Stalled:
 		_, reason, message := stateOf(sm)
 		return &exitError{code: ExitPending, err: fmt.Errorf("StorageMigration %s is Stalled (%s): %s", name, reason, message)}
 	}

@@ -170,10 +170,8 @@ func newMigration(m *Migrator, target Target, opts Options, observe Observer) *m
 		observe = func(Progress) {}
 	}
 	mg := &migration{m: m, target: target, opts: opts, observe: observe, resource: m.Metadata.Resource(target.Resource), proven: map[string]struct{}{}}
-	cp := opts.Resume
-	resumed := cp.Resumes(target)
+	cp, resumed, _ := ResumeFrom(opts.Resume, target)
 	if !resumed {
-		cp = NewCheckpoint(target)
 		cp.Continue = opts.Continue
 	}
 	mg.cp = *cp

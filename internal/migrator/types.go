@@ -155,6 +155,26 @@ func (cp *Checkpoint) Resumes(target Target) bool {
 	return cp.CRDUID == target.CRD.UID && cp.CRDGeneration == target.CRD.Generation
 }
 
+// ResumeFrom is the one place that decides where a migration of target
+// starts: from saved, the checkpoint of an interrupted one, when it Resumes
+// on target, else from a new checkpoint. startOver, when saved is set but
+// does not resume, says why. The reconcilers call it before they launch a
+// migration (they say in status, events and logs whether it resumed), and
+// Migrate and Rewrite call it on Options.Resume as they begin, so a
+// checkpoint that does not resume is never gone on from, whoever passed it.
+func ResumeFrom(saved *Checkpoint, target Target) (cp *Checkpoint, resumed bool, startOver string) {
+	if saved.Resumes(target) {
+		return saved, true, ""
+	}
+	switch {
+	case saved != nil && saved.LagWait < target.LagWait:
+		startOver = "starting over: the interrupted pass waited less for every API server to switch than this control plane needs"
+	case saved != nil:
+		startOver = "starting over: the CRD or the target version changed since the interrupted pass"
+	}
+	return NewCheckpoint(target), false, startOver
+}
+
 // NewCheckpoint is the checkpoint of a migration of target that begins now,
 // just after Resolve saw the API server store at the target version.
 func NewCheckpoint(target Target) *Checkpoint {

@@ -14,7 +14,7 @@ import (
 // A reconcile that comes late, after the manager began to stop, starts no
 // pass: nothing may write once the manager is gone.
 func TestPassesLaunchNothingOnceStopped(t *testing.T) {
-	ps := newPasses(time.Second, time.Minute)
+	ps := newRuns(time.Second, time.Minute)
 	ctx, cancel := context.WithCancel(t.Context())
 	stopped := make(chan error, 1)
 	go func() { stopped <- ps.Start(ctx) }()
@@ -25,7 +25,7 @@ func TestPassesLaunchNothingOnceStopped(t *testing.T) {
 		ran <- struct{}{}
 		return migrator.Result{}, nil
 	}
-	if !ps.launch(t.Context(), sm, &pass{}, migrate) {
+	if !ps.launch(t.Context(), sm, &run{}, migrate) {
 		t.Fatal("running passes refused to launch one")
 	}
 	<-ran
@@ -33,7 +33,7 @@ func TestPassesLaunchNothingOnceStopped(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
-	if ps.launch(t.Context(), sm, &pass{}, migrate) {
+	if ps.launch(t.Context(), sm, &run{}, migrate) {
 		t.Error("stopped passes launched one")
 	}
 	select {
@@ -49,7 +49,7 @@ func TestPassesLaunchNothingOnceStopped(t *testing.T) {
 // Stalled migrations back off, doubling from the base up to the cap, and
 // start again from the base once one succeeds.
 func TestStalledBackoff(t *testing.T) {
-	ps := newPasses(time.Second, 5*time.Second)
+	ps := newRuns(time.Second, 5*time.Second)
 	got := make([]time.Duration, 0, 5)
 	for range 5 {
 		got = append(got, ps.stalled.When("a"))
