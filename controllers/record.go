@@ -146,7 +146,7 @@ func statusRefused(err error) bool {
 // refused patch carried. Its conditions, progressSummary and event go
 // through recordConditions all the same, so StatusRefused is announced as
 // any transition of Ready's reason, once per cause.
-func (r *StorageMigrationReconciler) recordStatusRefused(ctx context.Context, sm, original *migrationv1alpha1.StorageMigration, refusal error) error {
+func (r *StorageMigrationReconciler) recordStatusRefused(ctx context.Context, original *migrationv1alpha1.StorageMigration, refusal error) error {
 	msg := fmt.Sprintf("The API server refused this StorageMigration's status, so passes cannot record their progress; tried again with backoff: %s", migrator.MessageUpTo(refusal, 1024))
 	ctrl.LoggerFrom(ctx).Error(errors.New(migrator.Message(refusal)), "The API server refused a status write; the migration is Stalled until it accepts one", "reason", apierrors.ReasonForError(refusal))
 	fallback := original.DeepCopy()

@@ -162,7 +162,7 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 		err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(original))
 		switch {
 		case statusRefused(err):
-			err = r.recordStatusRefused(ctx, sm, original, err)
+			err = r.recordStatusRefused(ctx, original, err)
 			res = ctrl.Result{RequeueAfter: r.runs.refused.When(sm.Name)}
 		case err == nil && !equality.Semantic.DeepEqual(original.Status.LastPass, sm.Status.LastPass):
 			// A run's end is recorded: a refusal before it is over.
