@@ -54,6 +54,10 @@ type Options struct {
 	// ServeStandard runs restow's controller of standard
 	// StorageVersionMigrations, for clusters where no in-tree one runs.
 	ServeStandard bool
+	// UnknownResourceGrace is how long a served StorageVersionMigration of a
+	// resource that does not exist waits before it ends Failed; zero means
+	// a minute, as the in-tree controller waits.
+	UnknownResourceGrace time.Duration
 }
 
 // Setup registers restow's controllers with a manager.

@@ -12,8 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
@@ -65,24 +63,7 @@ func statusManagers(m *svmv1.StorageVersionMigration) []string {
 // its footprint on the object, which is all restow can see of it.
 func writeAsInTree(t *testing.T, version, name string, mutate func(*svmv1.StorageVersionMigration)) {
 	t.Helper()
-	cfg := rest.CopyConfig(env.Config)
-	cfg.UserAgent = inTreeUserAgent
-	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := env.StandardMigration(t.Context(), version, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mutate(m)
-	u, err := svm.ToUnstructured(m, version)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Status().Update(t.Context(), u); err != nil {
-		t.Fatal(err)
-	}
+	env.WriteStandardStatus(t, version, name, inTreeUserAgent, mutate)
 }
 
 func condition(t svmv1.MigrationConditionType, reason, message string) metav1.Condition {
@@ -264,4 +245,26 @@ func TestServedStandardMigrationFailsNamingTheObject(t *testing.T) {
 
 func (f fixture) groupResource() schema.GroupResource {
 	return schema.GroupResource{Group: f.group, Resource: f.plural}
+}
+
+// TestServedStandardMigrationOfAMissingResourceFails: a served
+// StorageVersionMigration of a resource the API server does not serve ends
+// Failed once its grace is over, with a status the API server accepts: on
+// 1.35 that needs a well-formed status.resourceVersion, which restow cannot
+// take from a list of a resource that does not exist.
+func TestServedStandardMigrationOfAMissingResourceFails(t *testing.T) {
+	version := env.StandardVersion(t)
+	startManagerWith(t, nil, controllers.Options{ServeStandard: true, UnknownResourceGrace: 2 * time.Second})
+	gr := schema.GroupResource{Group: "missing.svm.restow.dev", Resource: "nothings"}
+	env.CreateStandardMigration(t, version, "nothings-to-v1", gr)
+	m := waitForStandard(t, version, "nothings-to-v1", time.Minute, "finished", func(m *svmv1.StorageVersionMigration) bool {
+		return svm.StateOf(m).Final()
+	})
+	if s := svm.StateOf(m); s != svm.Failed {
+		t.Fatalf("state %s, want Failed; conditions %+v", s, m.Status.Conditions)
+	}
+	if m.Status.ResourceVersion == "" {
+		t.Errorf("status.resourceVersion is empty")
+	}
+	env.WaitEvent(t, svm.Kind, "nothings-to-v1", migrationv1alpha1.UnsupportedReason)
 }

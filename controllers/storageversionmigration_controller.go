@@ -60,7 +60,7 @@ const (
 // happened to be down; then the check of every reconcile catches its first write.
 const claimGrace = 3 * time.Second
 
-// unknownResourceGrace is how long a StorageVersionMigration of a resource
+// unknownResourceGrace is by default how long a StorageVersionMigration of a resource
 // the API server does not serve waits for it to appear before it fails: a
 // CRD applied in the same manifest may not be served yet. The in-tree
 // controller waits as long.
@@ -308,13 +308,17 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, u client.
 		}
 		return r.runs.waiting.When(m.Name), nil
 	case errors.As(err, &stalledErr):
-		if time.Since(m.CreationTimestamp.Time) < unknownResourceGrace {
+		grace := r.UnknownResourceGrace
+		if grace <= 0 {
+			grace = unknownResourceGrace
+		}
+		if time.Since(m.CreationTimestamp.Time) < grace {
 			return r.runs.waiting.When(m.Name), nil
 		}
 		// Failed is final and needs no claim: restow is the only writer of
 		// this status, or it would have stopped above.
 		r.Recorder.Eventf(u, nil, corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", "%s", stalledErr.Message)
-		finish(m, svmv1.MigrationFailed, svmFailedReason, stalledErr.Message)
+		failUnclaimed(m, stalledErr.Message)
 		return 0, nil
 	case err != nil:
 		if claimed {
@@ -449,6 +453,18 @@ func finish(m *svmv1.StorageVersionMigration, end svmv1.MigrationConditionType, 
 		Type: string(svmv1.MigrationRunning), Status: metav1.ConditionFalse, Reason: svmCompletedReason,
 		Message: "Migration completed", ObservedGeneration: m.Generation,
 	})
+}
+
+// failUnclaimed records the end of m, never claimed, as Failed. With no
+// list of the resource to take status.resourceVersion from (it does not
+// exist), it takes m's own resourceVersion: 1.35 refuses a status without a
+// well-formed one (1.36 accepts none), and the field says nothing of a
+// migration that never began.
+func failUnclaimed(m *svmv1.StorageVersionMigration, message string) {
+	if m.Status.ResourceVersion == "" {
+		m.Status.ResourceVersion = m.ResourceVersion
+	}
+	finish(m, svmv1.MigrationFailed, svmFailedReason, message)
 }
 
 // failureList names up to five failed objects and why, values withheld.

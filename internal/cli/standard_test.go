@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
-	"github.com/restow/restow/internal/svm"
 )
 
 // anotherMigrator is the start of the note that a StorageVersionMigration
@@ -29,23 +28,11 @@ const anotherMigrator = "another migrator (the in-tree controller of kube-contro
 // StorageVersionMigration, as the in-tree controller ends one.
 func failStandardMigration(t *testing.T, version, name, message string) {
 	t.Helper()
-	u := svm.New(version)
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: name}, u); err != nil {
-		t.Fatal(err)
-	}
-	m, err := svm.FromUnstructured(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Status.Conditions = append(m.Status.Conditions, metav1.Condition{
-		Type: string(svmv1.MigrationFailed), Status: metav1.ConditionTrue, Reason: "StorageVersionMigrationFailed", Message: message, LastTransitionTime: metav1.Now(),
+	env.WriteStandardStatus(t, version, name, "", func(m *svmv1.StorageVersionMigration) {
+		m.Status.Conditions = append(m.Status.Conditions, metav1.Condition{
+			Type: string(svmv1.MigrationFailed), Status: metav1.ConditionTrue, Reason: "StorageVersionMigrationFailed", Message: message, LastTransitionTime: metav1.Now(),
+		})
 	})
-	if u, err = svm.ToUnstructured(m, version); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Client.Status().Update(t.Context(), u); err != nil {
-		t.Fatal(err)
-	}
 }
 
 type standardEntry struct {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -83,6 +84,40 @@ func (e *Env) StandardMigration(ctx context.Context, version, name string) (*svm
 		return nil, err
 	}
 	return svm.FromUnstructured(u)
+}
+
+// WriteStandardStatus writes the status of a StorageVersionMigration as
+// another controller would (an update of the status subresource, with
+// userAgent when set; kube-controller-manager's marks the in-tree
+// controller): mutate changes the object as read. 1.35 refuses any status
+// without a well-formed status.resourceVersion (1.36 accepts none), so a
+// writer there sets one first, as the in-tree resource-version controller
+// does: an empty one gets the object's own.
+func (e *Env) WriteStandardStatus(t testing.TB, version, name, userAgent string, mutate func(*svmv1.StorageVersionMigration)) {
+	t.Helper()
+	cfg := rest.CopyConfig(e.Config)
+	if userAgent != "" {
+		cfg.UserAgent = userAgent
+	}
+	c, err := client.New(cfg, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.StandardMigration(t.Context(), version, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mutate(m)
+	if m.Status.ResourceVersion == "" {
+		m.Status.ResourceVersion = m.ResourceVersion
+	}
+	u, err := svm.ToUnstructured(m, version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Status().Update(t.Context(), u); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // WaitEvent waits up to a minute for an event about the object of kind and
