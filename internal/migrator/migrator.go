@@ -14,7 +14,8 @@
 //     migration (newMigration decides whether a checkpoint resumes).
 //   - pass.go: the page loop of one pass; list.go: its list (isolate.go
 //     takes apart a page that one object fails); write.go: one object's
-//     rewrite, as an update or a merge patch, with its retries.
+//     rewrite, as an update or a merge patch, with its retries; request.go:
+//     the raw requests both send for whole objects.
 //   - finish.go: the settle window, the re-check and the prune.
 //   - Leaves used along the way: types.go (the public vocabulary), progress.go
 //     (what is reported), proof.go (what proves an object stored at the

@@ -14,7 +14,6 @@ import (
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/restow/restow/internal/storedversions"
@@ -50,12 +49,6 @@ const (
 	// metadataAccept asks for the answer to a write as metadata only.
 	metadataAccept = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 )
-
-// writesWhole reports whether the first pass lists whole objects and writes
-// them back as listed.
-func (mg *migration) writesWhole() bool {
-	return mg.m.Objects != nil && mg.target.CRD != nil && !mg.opts.ViaStatus && !mg.updateRefused.Load()
-}
 
 // write rewrites obj: as listed when body holds it, was listed less than
 // maxBodyAge before the write is sent, and may be written back as is; else
@@ -143,30 +136,6 @@ func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetada
 	mg.successes.Add(1)
 	mg.noteOwnWrite(written.ResourceVersion)
 	return written.ResourceVersion != obj.ResourceVersion, nil
-}
-
-// request points req at the target's objects in namespace, or at the
-// object name in it.
-func (mg *migration) request(req *rest.Request, namespace, name string) *rest.Request {
-	gvr := mg.target.Resource
-	req = req.AbsPath("/apis", gvr.Group, gvr.Version)
-	if mg.target.Namespaced && namespace != "" {
-		req = req.Namespace(namespace)
-	}
-	req = req.Resource(gvr.Resource)
-	if name != "" {
-		req = req.Name(name)
-	}
-	return req
-}
-
-// answer is the body of a successful result, or the API server's error
-// as the typed clients return it: Raw alone keeps only the status code.
-func answer(result rest.Result) ([]byte, error) {
-	if err := result.Error(); err != nil {
-		return nil, err
-	}
-	return result.Raw()
 }
 
 // rewrite brings one object to the storage version and counts how. It
