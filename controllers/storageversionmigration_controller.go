@@ -455,11 +455,12 @@ func finish(m *svmv1.StorageVersionMigration, end svmv1.MigrationConditionType, 
 	})
 }
 
-// failUnclaimed records the end of m, never claimed, as Failed. With no
-// list of the resource to take status.resourceVersion from (it does not
-// exist), it takes m's own resourceVersion: 1.35 refuses a status without a
-// well-formed one (1.36 accepts none), and the field says nothing of a
-// migration that never began.
+// failUnclaimed records the end of m, never claimed, as Failed: its
+// resource cannot be migrated (it does not exist, its storage version is not
+// served, its CRD is being deleted). With no list of the resource to take
+// status.resourceVersion from, it takes m's own resourceVersion: 1.35
+// refuses a status without a well-formed one (1.36 accepts none), and the
+// field says nothing of a migration that never began.
 func failUnclaimed(m *svmv1.StorageVersionMigration, message string) {
 	if m.Status.ResourceVersion == "" {
 		m.Status.ResourceVersion = m.ResourceVersion

@@ -159,7 +159,8 @@ func (cp *Checkpoint) Resumes(target Target) bool {
 // starts: from saved, the checkpoint of an interrupted one, when it Resumes
 // on target, else from a new checkpoint. startOver, when saved is set but
 // does not resume, says why. The reconcilers call it before they launch a
-// migration (they say in status, events and logs whether it resumed), and
+// migration (the StorageMigration one says in status, events and logs
+// whether it resumed, and why not), and
 // Migrate and Rewrite call it on Options.Resume as they begin, so a
 // checkpoint that does not resume is never gone on from, whoever passed it.
 func ResumeFrom(saved *Checkpoint, target Target) (cp *Checkpoint, resumed bool, startOver string) {
