@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/restow/restow/internal/migrator/pace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -229,7 +230,7 @@ func (q *lagQueue) send(ctx context.Context, down grpc.ServerStream) {
 		q.held[0] = heldMessage{}
 		q.held = q.held[1:]
 		q.mu.Unlock()
-		if err := sleepCtx(ctx, time.Until(next.due)); err != nil {
+		if err := pace.SleepUntil(ctx, next.due); err != nil {
 			q.done <- err
 			return
 		}
@@ -237,21 +238,6 @@ func (q *lagQueue) send(ctx context.Context, down grpc.ServerStream) {
 			q.done <- err
 			return
 		}
-	}
-}
-
-// sleepCtx waits for d, or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/restow/restow/internal/migrator/pace"
 	"github.com/restow/restow/internal/storedversions"
 )
 
@@ -80,7 +81,7 @@ func (mg *migration) setPhase(phase Phase) {
 
 // settle waits until the settle window is over and notes its end.
 func (mg *migration) settle(ctx context.Context) error {
-	if err := sleepUntil(ctx, mg.settleUntil); err != nil {
+	if err := pace.SleepUntil(ctx, mg.settleUntil); err != nil {
 		return err
 	}
 	return mg.closeWindow(ctx)
@@ -91,7 +92,7 @@ func (mg *migration) settle(ctx context.Context) error {
 // need no record, so that record stays bounded by the window, not by the
 // size of the resource.
 func (mg *migration) closeWindowAt(ctx context.Context) {
-	if sleepUntil(ctx, mg.settleUntil) != nil {
+	if pace.SleepUntil(ctx, mg.settleUntil) != nil {
 		return
 	}
 	// Until it is read, the record of the pass's own writes grows: try
@@ -130,20 +131,4 @@ func (mg *migration) closeWindow(ctx context.Context) error {
 	}
 	mg.noteWindowEnd(list.ResourceVersion)
 	return nil
-}
-
-// sleepUntil waits until t or until ctx ends.
-func sleepUntil(ctx context.Context, t time.Time) error {
-	wait := time.Until(t)
-	if wait <= 0 {
-		return nil
-	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/restow/restow/internal/migrator/pace"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -125,7 +126,7 @@ func (iso *isolation) probe(ctx context.Context, start string) (probeResult, err
 			// refused or expired token: no answer about the object.
 			return probeResult{}, err
 		}
-		if err := sleepUntil(ctx, time.Now().Add(time.Duration(100<<attempt)*time.Millisecond)); err != nil {
+		if err := pace.SleepUntil(ctx, time.Now().Add(time.Duration(100<<attempt)*time.Millisecond)); err != nil {
 			return probeResult{}, err
 		}
 	}

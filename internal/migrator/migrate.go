@@ -49,7 +49,7 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 		// No answer counts before every API server has switched (lag.go);
 		// the report shows until when.
 		mg.report()
-		if err := sleepUntil(ctx, later(mg.switchedBy, mg.cp.StartTime.Add(informerLag))); err != nil {
+		if err := pace.SleepUntil(ctx, later(mg.switchedBy, mg.cp.StartTime.Add(informerLag))); err != nil {
 			return mg.result(), err
 		}
 		if err := mg.pass(ctx, false); err != nil {
@@ -102,7 +102,7 @@ func (m *Migrator) Rewrite(ctx context.Context, target Target, opts Options, obs
 		return mg.result(), err
 	}
 	// Its checkpoint says it waited for every API server: it does (lag.go).
-	if err := sleepUntil(ctx, mg.switchedBy); err != nil {
+	if err := pace.SleepUntil(ctx, mg.switchedBy); err != nil {
 		return mg.result(), err
 	}
 	err := mg.pass(ctx, false)

@@ -298,8 +298,12 @@ func (t *Throttle) until() time.Time {
 
 // wait waits until the last Retry-After the API server sent has passed, or
 // until ctx ends.
-func (t *Throttle) wait(ctx context.Context) error {
-	d := time.Until(t.until())
+func (t *Throttle) wait(ctx context.Context) error { return SleepUntil(ctx, t.until()) }
+
+// SleepUntil waits until t, or until ctx ends: the one timed wait of a pass
+// (a Retry-After, the wait for every API server, the settle window).
+func SleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t)
 	if d <= 0 {
 		return nil
 	}
