@@ -10,11 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/restow/restow/internal/migrator/pace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/restow/restow/internal/migrator/pace"
 )
 
 // watchMethod is etcd's Watch call: the stream whose answers a lagging API

@@ -12,11 +12,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/restow/restow/internal/migrator/pace"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/restow/restow/internal/migrator/pace"
 )
 
 // An object that cannot be converted (a conversion webhook refusing it)
