@@ -22,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/kubernetes"
@@ -283,21 +282,13 @@ func (c crd) assertStoredVersions(t *testing.T, want ...string) {
 }
 
 // waitCondition waits until the named StorageMigration has the condition
-// True with the reason.
+// True with the reason, for as long as its status shows progress.
 func waitCondition(t *testing.T, name, condition, reason string) *migrationv1alpha1.StorageMigration {
 	t.Helper()
-	sm := &migrationv1alpha1.StorageMigration{}
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
+	return env.WaitForMigration(t, name, time.Minute, condition+"="+reason, func(sm *migrationv1alpha1.StorageMigration) bool {
 		c := apimeta.FindStatusCondition(sm.Status.Conditions, condition)
-		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason && c.ObservedGeneration == sm.Generation, nil
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason && c.ObservedGeneration == sm.Generation
 	})
-	if err != nil {
-		t.Fatalf("StorageMigration %s never had %s=True/%s: %v; conditions %+v", name, condition, reason, err, sm.Status.Conditions)
-	}
-	return sm
 }
 
 // countChanges watches the named StorageMigration for d and counts its updates.

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -21,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -263,29 +261,14 @@ func applyCRD(t *testing.T, sample *apiextensionsv1.CustomResourceDefinition) {
 }
 
 // waitReadyLogging waits until the named StorageMigration is Ready for its
-// latest generation, logging each Ready condition it goes through.
+// latest generation, logging each Ready condition it goes through, for as
+// long as its status shows progress.
 func waitReadyLogging(t *testing.T, name string) *migrationv1alpha1.StorageMigration {
 	t.Helper()
-	sm := &migrationv1alpha1.StorageMigration{}
-	last := ""
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
+	return env.WaitForMigration(t, name, time.Minute, "Ready", func(sm *migrationv1alpha1.StorageMigration) bool {
 		c := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition)
-		if c == nil {
-			return false, nil
-		}
-		if line := fmt.Sprintf("Ready=%s %s: %s", c.Status, c.Reason, c.Message); line != last {
-			t.Logf("StorageMigration %s: %s", name, line)
-			last = line
-		}
-		return c.Status == metav1.ConditionTrue && c.ObservedGeneration == sm.Generation, nil
+		return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == sm.Generation
 	})
-	if err != nil {
-		t.Fatalf("StorageMigration %s never became Ready: %v; conditions %+v", name, err, sm.Status.Conditions)
-	}
-	return sm
 }
 
 // restow runs kubectl-restow against the test control plane, checks its

@@ -375,26 +375,26 @@ func TestBacklogOfManyCRDs(t *testing.T) {
 	manager := operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{
 		"--auto-migrate-selector=restow.dev/backlog-test=yes", "--settle-window=2s", fmt.Sprintf("--max-concurrent-passes=%d", maxPasses)}})
 	most := 0.0
-	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+	testenv.WaitProgress(t, fmt.Sprintf("%d migrations to be Ready", crds), time.Minute, func(ctx context.Context) (bool, string, error) {
 		// The metrics endpoint may not answer yet.
 		if running, err := manager.Metric(ctx, "restow_passes_running", nil); err == nil {
 			most = max(most, running)
 		}
 		var list migrationv1alpha1.StorageMigrationList
 		if err := env.Client.List(ctx, &list); err != nil {
-			return false, err
+			return false, "", err
 		}
-		ready := 0
+		created, ready := 0, 0
 		for _, sm := range list.Items {
-			if strings.HasSuffix(sm.Name, ".backlog.restow.dev") && sm.ReadyAt("v1") {
-				ready++
+			if strings.HasSuffix(sm.Name, ".backlog.restow.dev") {
+				created++
+				if sm.ReadyAt("v1") {
+					ready++
+				}
 			}
 		}
-		return ready == crds, nil
+		return ready == crds, fmt.Sprintf("%d StorageMigrations created, %d Ready", created, ready), nil
 	})
-	if err != nil {
-		t.Fatalf("waiting for %d migrations to be Ready: %v", crds, err)
-	}
 	took := time.Since(start)
 	peak, err := manager.PeakRSS()
 	if err != nil {

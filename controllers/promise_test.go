@@ -266,7 +266,11 @@ func TestOneUnconvertibleObjectDoesNotBlockTheRest(t *testing.T) {
 
 	startManager(t, nil)
 	sm := f.createMigration(t, nil)
-	sm = waitFor(t, sm.Name, 2*time.Minute, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.ObjectsFailedReason))
+	// The refused objects are found by bisecting their pages, list after
+	// list, while the status shows no count move: the webhook's conversions
+	// are the work then.
+	conversions := func() string { return fmt.Sprintf("%d conversions", hook.Conversions.Load()) }
+	sm = waitFor(t, sm.Name, time.Minute, "Stalled", hasCondition(migrationv1alpha1.StalledCondition, migrationv1alpha1.ObjectsFailedReason), conversions)
 	names := make([]string, 0, len(sm.Status.FailedObjects))
 	for _, fo := range sm.Status.FailedObjects {
 		names = append(names, fo.Name)
@@ -279,7 +283,7 @@ func TestOneUnconvertibleObjectDoesNotBlockTheRest(t *testing.T) {
 	f.assertStoredVersions(t, "v1beta1", "v1")
 
 	hook.Refuse(false, refused...)
-	waitFor(t, sm.Name, 2*time.Minute, "Ready", readyAt("v1"))
+	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"), conversions)
 	f.assertStored(t, "v1", total)
 	f.assertStoredVersions(t, "v1")
 }

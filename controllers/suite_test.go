@@ -2,7 +2,6 @@ package controllers_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -153,30 +152,12 @@ func (f fixture) slowPassUnderWay(t *testing.T, mutate func(*migrationv1alpha1.S
 }
 
 // waitFor polls the StorageMigration until it exists and done says so, and
-// returns it.
-func waitFor(t *testing.T, name string, timeout time.Duration, what string, done func(*migrationv1alpha1.StorageMigration) bool) *migrationv1alpha1.StorageMigration {
+// returns it. It fails once the StorageMigration's status has shown no
+// progress for stall (testenv.Env.WaitForMigration): a slow machine is waited
+// for as long as the work moves. more, if given, are further signs of progress.
+func waitFor(t *testing.T, name string, stall time.Duration, what string, done func(*migrationv1alpha1.StorageMigration) bool, more ...func() string) *migrationv1alpha1.StorageMigration {
 	t.Helper()
-	sm := &migrationv1alpha1.StorageMigration{}
-	seen := ""
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, sm); err != nil {
-			// It may not exist yet: the automatic trigger creates it.
-			return false, client.IgnoreNotFound(err)
-		}
-		// Log the status a user sees at each change of its Ready condition
-		// (docs/troubleshooting.md quotes these lines).
-		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c != nil {
-			if now := fmt.Sprintf("Ready=%s %s: %s", c.Status, c.Reason, c.Message); now != seen {
-				seen = now
-				t.Logf("StorageMigration %s: %s", name, now)
-			}
-		}
-		return done(sm), nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for StorageMigration %s to be %s: %v; status: %+v", name, what, err, sm.Status)
-	}
-	return sm
+	return env.WaitForMigration(t, name, stall, what, done, more...)
 }
 
 // readyAt is true once the last pass brought every object to version.

@@ -29,7 +29,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -234,43 +233,36 @@ func (s *scenario) storedCounts(ctx context.Context) (map[string]int, error) {
 
 // waitMidPass waits until etcd holds at least a fifth of the objects at v1
 // (the first switch's target) and at least a fifth at others: the pass is
-// under way.
+// under way. It fails once etcd's counts have not moved for a minute.
 func (s *scenario) waitMidPass() {
 	s.t.Helper()
 	const version = "v1"
 	var counts map[string]int
-	err := wait.PollUntilContextTimeout(s.t.Context(), 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	testenv.WaitProgress(s.t, "the pass to be under way", time.Minute, func(ctx context.Context) (bool, string, error) {
 		var err error
 		counts, err = s.storedCounts(ctx)
 		if err != nil {
-			return false, err
+			return false, "", err
 		}
-		return counts[version] >= s.n/5 && s.n-counts[version] >= s.n/5, nil
+		return counts[version] >= s.n/5 && s.n-counts[version] >= s.n/5, fmt.Sprintf("etcd holds %v", counts), nil
 	})
-	if err != nil {
-		s.t.Fatalf("the pass never got under way: etcd holds %v: %v", counts, err)
-	}
 	s.t.Logf("mid-pass: etcd holds %v", counts)
 }
 
 // waitMigrated waits until storedVersions is [version] and the
-// StorageMigration named after the CRD is Ready.
-func (s *scenario) waitMigrated(version string, timeout time.Duration) {
+// StorageMigration named after the CRD is Ready, for as long as its status
+// shows progress: it fails once it has shown none for stall.
+func (s *scenario) waitMigrated(version string, stall time.Duration) {
 	s.t.Helper()
-	sm := &migrationv1alpha1.StorageMigration{}
 	crd := &apiextensionsv1.CustomResourceDefinition{}
-	err := wait.PollUntilContextTimeout(s.t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		if err := s.env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, crd); err != nil {
-			return false, err
+	storedVersions := func() string { return fmt.Sprintf("storedVersions %v", crd.Status.StoredVersions) }
+	s.env.WaitForMigration(s.t, s.crdName, stall, "migrated to "+version, func(sm *migrationv1alpha1.StorageMigration) bool {
+		if err := s.env.Client.Get(s.t.Context(), client.ObjectKey{Name: s.crdName}, crd); err != nil {
+			s.t.Logf("reading CRD %s: %v", s.crdName, err)
+			return false
 		}
-		if err := s.env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm); err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
-		return slices.Equal(crd.Status.StoredVersions, []string{version}) && sm.ReadyAt(version), nil
-	})
-	if err != nil {
-		s.t.Fatalf("not migrated to %s: storedVersions %v, conditions %+v: %v", version, crd.Status.StoredVersions, sm.Status.Conditions, err)
-	}
+		return slices.Equal(crd.Status.StoredVersions, []string{version}) && sm.ReadyAt(version)
+	}, storedVersions)
 }
 
 // assertStored checks in etcd that want objects are stored, all at version.
@@ -467,28 +459,15 @@ func (s *scenario) migration(ctx context.Context) (*migrationv1alpha1.StorageMig
 }
 
 // waitCondition waits until the scenario's StorageMigration has condition
-// True with reason, and returns its message.
-func (s *scenario) waitCondition(condition, reason string, timeout time.Duration) string {
+// True with reason, and returns its message. It fails once the status has
+// shown no progress for stall.
+func (s *scenario) waitCondition(condition, reason string, stall time.Duration) string {
 	s.t.Helper()
-	var last []metav1.Condition
-	var message string
-	err := wait.PollUntilContextTimeout(s.t.Context(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		sm, err := s.migration(ctx)
-		if err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
-		last = sm.Status.Conditions
+	sm := s.env.WaitForMigration(s.t, s.crdName, stall, condition+"="+reason, func(sm *migrationv1alpha1.StorageMigration) bool {
 		c := apimeta.FindStatusCondition(sm.Status.Conditions, condition)
-		if c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason {
-			message = c.Message
-			return true, nil
-		}
-		return false, nil
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason
 	})
-	if err != nil {
-		s.t.Fatalf("StorageMigration %s never had %s=True/%s: %v; conditions %+v", s.crdName, condition, reason, err, last)
-	}
-	return message
+	return apimeta.FindStatusCondition(sm.Status.Conditions, condition).Message
 }
 
 // logFile keeps a manager's log beside the test's other output when

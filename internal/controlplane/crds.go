@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientdiscovery "k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
@@ -159,17 +162,70 @@ func (e *ControlPlane) waitStoresAt(ctx context.Context, name, version string) e
 	return nil
 }
 
-// DeleteCRD deletes a CRD and waits until it is gone (with its objects, for
-// as long as ctx allows), so the next test may reuse its name.
+// DeleteCRD deletes a CRD and waits until it is gone with its objects, for
+// as long as the API server keeps deleting them (ctx bounds the whole wait),
+// so the next test may reuse its name. It fails, saying how many objects are
+// left, once their number has not fallen for a minute: a conversion webhook
+// that refuses or is down, for one, stops the API server from deleting them
+// (DisarmConversion before it).
 func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
 	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if err := e.Client.Delete(ctx, crd); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting CRD %s: %w", name, err)
 	}
-	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	plural, group, _ := strings.Cut(name, ".")
+	err := WaitProgress(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+			return apierrors.IsNotFound(err), "", client.IgnoreNotFound(err)
+		}
+		left, err := e.etcd.Get(ctx, resourcePrefix(group, plural)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return false, "", err
+		}
+		return false, fmt.Sprintf("%d objects left in etcd", left.Count), nil
+	}, nil)
+	if err != nil {
+		return fmt.Errorf("waiting for CRD %s to be deleted: %w", name, err)
+	}
+	return nil
+}
+
+// DisarmConversion makes a CRD convert without its webhook (strategy None),
+// so that the API server can delete its objects whatever the webhook does:
+// a test's cleanup calls it before deleting the CRD of a webhook that may be
+// refusing, failing or already stopped. A CRD without a webhook is left as it is.
+func (e *ControlPlane) DisarmConversion(ctx context.Context, name string) error {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if crd.Spec.Conversion == nil || crd.Spec.Conversion.Strategy != apiextensionsv1.WebhookConverter {
+		return nil
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+			return err
+		}
+		crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}
+		return e.Client.Update(ctx, crd)
 	})
+	if err = client.IgnoreNotFound(err); err != nil {
+		return fmt.Errorf("turning CRD %s's conversion webhook off: %w", name, err)
+	}
+	// The API server swaps the resource's storage when its informer sees the
+	// update; the deletion must not start on the old one. A list converts
+	// every object: once one succeeds, so can the deletion.
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: crd.Spec.Group, Version: storedversions.StorageVersion(crd), Kind: crd.Spec.Names.ListKind})
+	var refused error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, crdReadyTimeout, true, func(ctx context.Context) (bool, error) {
+		refused = e.Client.List(ctx, list)
+		return refused == nil || apierrors.IsNotFound(refused), nil
+	})
+	if err != nil {
+		return fmt.Errorf("CRD %s still converts through its webhook: %w", name, errors.Join(err, refused))
+	}
+	return nil
 }
 
 // canaryRefused says whether a canary's create failed for a moment (not

@@ -143,13 +143,27 @@ func (e *Env) InstallCRDForTest(t testing.TB, crd *apiextensionsv1.CustomResourc
 	if err := e.InstallCRD(t.Context(), crd); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		// t.Context() is already cancelled when cleanups run. Deleting a CRD
-		// deletes its objects: 50,000 take minutes.
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-		defer cancel()
-		if err := e.DeleteCRD(ctx, crd.Name); err != nil {
-			t.Error(err)
-		}
-	})
+	t.Cleanup(func() { e.deleteCRDAfterTest(t, crd.Name) })
 }
+
+// deleteCRDAfterTest deletes a test's CRD with its objects. Its conversion
+// webhook may still refuse or be stopped (the webhook's own cleanup may have
+// run first): the CRD converts without it from then on, or the API server
+// could not delete its objects. The deletion may take as long as it keeps
+// deleting objects (50,000 take minutes), and fails loudly, saying how many
+// are left, when it stops; cleanupCeiling bounds it whatever happens.
+func (e *Env) deleteCRDAfterTest(t testing.TB, name string) {
+	// t.Context() is already cancelled when cleanups run.
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupCeiling)
+	defer cancel()
+	if err := e.DisarmConversion(ctx, name); err != nil {
+		t.Error(err)
+	}
+	if err := e.DeleteCRD(ctx, name); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+}
+
+// cleanupCeiling bounds one cleanup step, however long it keeps making
+// progress, so a cleanup never eats the package's -timeout.
+const cleanupCeiling = 10 * time.Minute

@@ -2,6 +2,7 @@ package testenv_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/restow/restow/internal/controlplane"
 	"github.com/restow/restow/internal/testenv"
 )
 
@@ -303,5 +305,68 @@ func TestWatchLagStaysAtItsDelay(t *testing.T) {
 	// second.
 	if worst > delay+3*time.Second {
 		t.Errorf("the lagging server's watch cache fell %s behind, with a delay of %s: the lag grows with the load", worst, delay)
+	}
+}
+
+// TestCleanupDeletesWhatTheWebhookRefuses: a test that ends while its
+// conversion webhook refuses to convert some objects, or is stopped, leaves
+// no CRD behind, and its cleanup does not hang: the API server must convert
+// an object stored at an old version to delete it. Without
+// DisarmConversion the deletion makes no progress and the cleanup fails
+// after DeleteCRD's minute without progress (tried once).
+func TestCleanupDeletesWhatTheWebhookRefuses(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// fault is how the webhook fails when the test ends.
+		fault func(*testenv.ConversionWebhook)
+	}{
+		{"refusing", func(w *testenv.ConversionWebhook) { w.Refuse(true, "obj-00003") }},
+		{"failing", func(w *testenv.ConversionWebhook) { w.SetFailing(true) }},
+		{"stopped", func(w *testenv.ConversionWebhook) { w.Stop() }},
+	} {
+		f := testenv.Fixture{Env: env, Group: tt.name + ".cleanup.testenv.restow.dev", Kind: "Crate", Plural: "crates", Namespaced: true}
+		start := time.Now()
+		t.Run(tt.name, func(t *testing.T) {
+			hook := testenv.StartConversionWebhook(t, func(*unstructured.Unstructured, string) error { return nil })
+			f.Conversion = hook.Conversion()
+			f.Install(t, "v1beta1", "v1")
+			f.CreateObjects(t, "v1beta1", 10, func(int) map[string]any { return map[string]any{"size": int64(1)} }, "cleanup")
+			f.SwitchStorage(t, "v1")
+			tt.fault(hook)
+		})
+		err := env.Client.Get(t.Context(), client.ObjectKey{Name: f.CRDName()}, &apiextensionsv1.CustomResourceDefinition{})
+		if client.IgnoreNotFound(err) != nil || err == nil {
+			t.Errorf("%s: after the test's cleanup, reading its CRD: %v, want NotFound", tt.name, err)
+		}
+		t.Logf("%s: the test and its cleanup took %s", tt.name, time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// TestWaitProgressFollowsTheWork: a wait goes on past its stall limit for
+// as long as the work moves, and gives up, saying what it saw last, once it
+// has not moved for that long.
+func TestWaitProgressFollowsTheWork(t *testing.T) {
+	const stall = 200 * time.Millisecond
+	start := time.Now()
+	steps := 0
+	err := controlplane.WaitProgress(t.Context(), 10*time.Millisecond, stall, func(context.Context) (bool, string, error) {
+		// Moves every 100 ms (half the stall limit), done after 1 s.
+		steps = int(time.Since(start) / (100 * time.Millisecond))
+		return steps >= 10, strconv.Itoa(steps), nil
+	}, nil)
+	if err != nil || steps < 10 {
+		t.Fatalf("a wait whose work moved gave up after %s at step %d: %v", time.Since(start), steps, err)
+	}
+
+	start = time.Now()
+	err = controlplane.WaitProgress(t.Context(), 10*time.Millisecond, stall, func(context.Context) (bool, string, error) {
+		return false, "3 objects left", nil
+	}, nil)
+	var stalled *controlplane.StalledError
+	if !errors.As(err, &stalled) || stalled.Work != "3 objects left" || !strings.Contains(err.Error(), "3 objects left") {
+		t.Fatalf("a wait whose work stood still returned %v, want a StalledError naming what it saw", err)
+	}
+	if took := time.Since(start); took < stall {
+		t.Errorf("a stalled wait gave up after %s, before its stall limit %s", took, stall)
 	}
 }
