@@ -19,6 +19,10 @@ CRD_REF_DOCS_VERSION ?= v0.3.0
 # Prometheus' module version v0.316.0 is Prometheus 3.x; its promtool runs
 # the alert rules' unit tests (config.TestAlertRules).
 PROMTOOL_VERSION ?= v0.316.0
+# gotestsum runs go test for make test: a line per package with its time,
+# the failures again at the end, and a JSON record of every test's time
+# (make test-times).
+GOTESTSUM_VERSION ?= v1.13.0
 
 GOOS ?= $(shell go env GOOS)
 GOARCH ?= $(shell go env GOARCH)
@@ -30,6 +34,7 @@ CYCLONEDX_GOMOD ?= $(LOCALBIN)/cyclonedx-gomod-$(CYCLONEDX_GOMOD_VERSION)
 COSIGN ?= $(LOCALBIN)/cosign-$(COSIGN_VERSION)
 CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)
 PROMTOOL ?= $(LOCALBIN)/promtool-$(PROMTOOL_VERSION)
+GOTESTSUM ?= $(LOCALBIN)/gotestsum-$(GOTESTSUM_VERSION)
 envtest_assets = $(LOCALBIN)/k8s/$(1)-$(GOOS)-$(GOARCH)
 ENVTEST_ASSETS ?= $(call envtest_assets,$(K8S_VERSION))
 
@@ -121,8 +126,10 @@ test: test-integration ## Run unit and integration tests (real API server and et
 	$(MAKE) --no-print-directory test-e2e
 
 .PHONY: test-integration
-test-integration: envtest-assets $(PROMTOOL) ## Run unit and integration tests (real API server and etcd) only.
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) PROMTOOL=$(PROMTOOL) go test $(GO_TEST_FLAGS) ./...
+test-integration: envtest-assets $(PROMTOOL) $(GOTESTSUM) ## Run unit and integration tests (real API server and etcd) only.
+	@mkdir -p $(TEST_REPORTS)
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) PROMTOOL=$(PROMTOOL) $(GOTESTSUM) --format pkgname \
+	  --jsonfile-timing-events $(TEST_REPORTS)/integration.json -- $(GO_TEST_FLAGS) ./...
 
 # The SBOM and signing tests (internal/supplychain) run the Makefile's own
 # cyclonedx-gomod and cosign, which they find in these variables.
@@ -138,8 +145,17 @@ BENCH_FLAGS ?= -benchtime 1x -timeout 3h
 E2E_FLAGS ?= -count=1 -timeout 40m -v
 
 .PHONY: test-e2e
-test-e2e: envtest-assets ## Run the end-to-end suite: the manager binary as a process against the control plane, faults injected.
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) go test -tags e2e $(E2E_FLAGS) ./e2e/
+test-e2e: envtest-assets $(GOTESTSUM) ## Run the end-to-end suite: the manager binary as a process against the control plane, faults injected.
+	@mkdir -p $(TEST_REPORTS)
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) $(GOTESTSUM) --format standard-verbose \
+	  --jsonfile-timing-events $(TEST_REPORTS)/e2e.json -- -tags e2e $(E2E_FLAGS) ./e2e/
+
+# Where make test-integration and make test-e2e record every test's time.
+TEST_REPORTS ?= $(LOCALBIN)/test-reports
+
+.PHONY: test-times
+test-times: $(GOTESTSUM) ## Print the ten slowest tests of the last make test (docs/development.md keeps this list).
+	@cat $(wildcard $(TEST_REPORTS)/integration.json $(TEST_REPORTS)/e2e.json) | $(GOTESTSUM) tool slowest --num 10
 
 .PHONY: bench
 bench: envtest-assets ## Run the benchmarks on the source-built control plane, writing docs/bench/ with CPU profiles (about 90 minutes).
@@ -253,6 +269,10 @@ sbom-dist: $(CYCLONEDX_GOMOD) ## Write the SBOM of each make dist archive: dist/
 
 $(LOCALBIN):
 	mkdir -p $(LOCALBIN)
+
+$(GOTESTSUM): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install gotest.tools/gotestsum@$(GOTESTSUM_VERSION)
+	mv $(LOCALBIN)/gotestsum $@
 
 $(CONTROLLER_GEN): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)

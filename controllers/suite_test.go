@@ -6,7 +6,6 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -160,10 +159,11 @@ func waitFor(t *testing.T, name string, stall time.Duration, what string, done f
 	return env.WaitForMigration(t, name, stall, what, done, more...)
 }
 
-// readyAt is true once the last pass brought every object to version.
-func readyAt(version string) func(*migrationv1alpha1.StorageMigration) bool {
-	return func(sm *migrationv1alpha1.StorageMigration) bool { return sm.ReadyAt(version) }
-}
+// The StorageMigration's states that tests wait for.
+var (
+	readyAt      = testenv.ReadyAt
+	hasCondition = testenv.HasCondition
+)
 
 // metricValue reads a counter or gauge, or a histogram's sample count, from
 // the registry the manager serves on its metrics endpoint, summed over the
@@ -209,12 +209,5 @@ func watchPace(t *testing.T, resource string) func() float64 {
 	return func() float64 {
 		cancel()
 		return <-done
-	}
-}
-
-func hasCondition(t, reason string) func(*migrationv1alpha1.StorageMigration) bool {
-	return func(sm *migrationv1alpha1.StorageMigration) bool {
-		c := meta.FindStatusCondition(sm.Status.Conditions, t)
-		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason
 	}
 }

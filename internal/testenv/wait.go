@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -111,4 +112,19 @@ func MigrationWork(sm *migrationv1alpha1.StorageMigration) string {
 		fmt.Fprintf(&b, "; failed %s/%s", f.Namespace, f.Name)
 	}
 	return b.String()
+}
+
+// ReadyAt is true once the StorageMigration's last pass brought every
+// object to version (for WaitForMigration).
+func ReadyAt(version string) func(*migrationv1alpha1.StorageMigration) bool {
+	return func(sm *migrationv1alpha1.StorageMigration) bool { return sm.ReadyAt(version) }
+}
+
+// HasCondition is true while the StorageMigration has condition t True with
+// reason (for WaitForMigration).
+func HasCondition(t, reason string) func(*migrationv1alpha1.StorageMigration) bool {
+	return func(sm *migrationv1alpha1.StorageMigration) bool {
+		c := meta.FindStatusCondition(sm.Status.Conditions, t)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason
+	}
 }
