@@ -1,9 +1,10 @@
 package controllers_test
 
 // Bad input the API server or a cluster's admission hands back: a webhook's
-// sentence where a reason belongs, a status the API server refuses, and
-// answers that quote what they refuse. Each must end in a state a user can
-// read, never in a loop, and never carry object contents out.
+// sentence where a reason belongs, and a status the API server refuses. Each
+// must end in a state a user can read, never in a loop. (Answers that quote
+// what they refuse, and the manager process keeping them out of its status,
+// events and log: internal/operator's TestNoContentsLeak.)
 
 import (
 	"context"
