@@ -34,7 +34,7 @@ func TestBaseline(t *testing.T) {
 	s.startManager("manager")
 	start := time.Now()
 	s.switchStorage("v1")
-	s.waitMigrated("v1", 2*time.Minute)
+	s.waitMigrated("v1")
 	t.Logf("%d objects migrated in %s", s.n, time.Since(start).Round(time.Millisecond))
 	s.assertDone("v1")
 }
@@ -51,7 +51,7 @@ func TestManagerKilledMidPass(t *testing.T) {
 		t.Fatalf("no progress recorded before the kill: %+v, %v", sm.Status, err)
 	}
 	second := s.startManager("second")
-	s.waitMigrated("v1", 2*time.Minute)
+	s.waitMigrated("v1")
 	if !strings.Contains(second.Logs(), `"resumed":true`) {
 		t.Errorf("the second manager did not resume the pass from its continue token:\n%s", second.Logs())
 	}
@@ -81,7 +81,7 @@ func TestManagerKilledSwitchAwayAndBack(t *testing.T) {
 		t.Fatalf("etcd holds %v (%v) before the restart, want 100 objects at v2", counts, err)
 	}
 	second := s.startManager("second")
-	s.waitMigrated("v1", 2*time.Minute)
+	s.waitMigrated("v1")
 	if !strings.Contains(second.Logs(), "starting over") {
 		t.Errorf("the second manager did not start the pass over:\n%s", second.Logs())
 	}
@@ -103,7 +103,7 @@ func TestLeaderKilledMidPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s took the lease over %s after %s was killed", follower.Name, time.Since(killed).Round(time.Millisecond), leader.Name)
-	s.waitMigrated("v1", 2*time.Minute)
+	s.waitMigrated("v1")
 	if !strings.Contains(follower.Logs(), "Starting pass") {
 		t.Errorf("%s never ran a pass:\n%s", follower.Name, follower.Logs())
 	}
@@ -138,7 +138,7 @@ func TestAPIServerRestartMidPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("kube-apiserver stopped %s after SIGTERM and was ready again after %s", stopped.Round(time.Millisecond), ready.Round(time.Millisecond))
-	s.waitMigrated("v1", 2*time.Minute)
+	s.waitMigrated("v1")
 	if manager.Exited() {
 		t.Fatalf("the manager exited:\n%s", manager.Logs())
 	}
@@ -173,7 +173,7 @@ func TestConversionWebhookDown(t *testing.T) {
 	if err := webhook.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	s.waitMigrated("v1", 2*time.Minute)
+	s.waitMigrated("v1")
 	s.assertDone("v1")
 }
 
@@ -185,7 +185,7 @@ func TestWritersThroughout(t *testing.T) {
 	s.startManager("manager")
 	time.Sleep(time.Second)
 	s.switchStorage("v1")
-	s.waitMigrated("v1", 2*time.Minute)
+	s.waitMigrated("v1")
 	s.assertDone("v1")
 }
 
@@ -197,7 +197,7 @@ func TestSecondSwitchMidPass(t *testing.T) {
 	s.switchStorage("v1")
 	s.waitMidPass()
 	s.switchStorage("v2")
-	s.waitMigrated("v2", 2*time.Minute)
+	s.waitMigrated("v2")
 	s.assertDone("v2")
 }
 
@@ -258,7 +258,7 @@ func TestContinueTokenExpires(t *testing.T) {
 	// pass could end within one or two, and sometimes no token expired.
 	manager := s.startManager("manager", "--log-level=2", "--kube-api-qps=150", "--kube-api-burst=10")
 	s.switchStorage("v1")
-	s.waitMigrated("v1", 2*time.Minute)
+	s.waitMigrated("v1")
 	if !strings.Contains(manager.Logs(), "Continue token expired") {
 		t.Errorf("no continue token expired, so the scenario tested nothing; the pass was too fast for compaction every %s", compactionInterval)
 	}

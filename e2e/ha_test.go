@@ -65,7 +65,7 @@ func TestLaggingAPIServer(t *testing.T) {
 				s.waitMidPass()
 				ha.SetWatchLag(0)
 			}
-			s.waitMigrated("v1", 2*time.Minute)
+			s.waitMigrated("v1")
 			s.assertDone("v1")
 		})
 	}

@@ -251,9 +251,11 @@ func (s *scenario) waitMidPass() {
 
 // waitMigrated waits until storedVersions is [version] and the
 // StorageMigration named after the CRD is Ready, for as long as its status
-// shows progress: it fails once it has shown none for stall.
-func (s *scenario) waitMigrated(version string, stall time.Duration) {
+// shows progress: it fails once it has shown none for two minutes (a fault
+// the scenario injected may hold the pass back that long).
+func (s *scenario) waitMigrated(version string) {
 	s.t.Helper()
+	const stall = 2 * time.Minute
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	storedVersions := func() string { return fmt.Sprintf("storedVersions %v", crd.Status.StoredVersions) }
 	s.env.WaitForMigration(s.t, s.crdName, stall, "migrated to "+version, func(sm *migrationv1alpha1.StorageMigration) bool {
