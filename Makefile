@@ -127,7 +127,8 @@ test: test-integration ## Run unit and integration tests (real API server and et
 
 .PHONY: test-integration
 test-integration: envtest-assets $(PROMTOOL) $(GOTESTSUM) ## Run unit and integration tests (real API server and etcd) only.
-	@mkdir -p $(TEST_REPORTS)
+	@# A new make test starts here: an earlier run's times are not mixed in.
+	@mkdir -p $(TEST_REPORTS) && rm -f $(TEST_REPORTS)/*.json
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) PROMTOOL=$(PROMTOOL) $(GOTESTSUM) --format pkgname \
 	  --jsonfile-timing-events $(TEST_REPORTS)/integration.json -- $(GO_TEST_FLAGS) ./...
 
@@ -155,7 +156,9 @@ TEST_REPORTS ?= $(LOCALBIN)/test-reports
 
 .PHONY: test-times
 test-times: $(GOTESTSUM) ## Print the ten slowest tests of the last make test (docs/development.md keeps this list).
-	@cat $(wildcard $(TEST_REPORTS)/integration.json $(TEST_REPORTS)/e2e.json) | $(GOTESTSUM) tool slowest --num 10
+	@reports="$(wildcard $(TEST_REPORTS)/integration.json $(TEST_REPORTS)/e2e.json)"; \
+	  if [ -z "$$reports" ]; then echo "No test times in $(TEST_REPORTS): run make test first." >&2; exit 1; fi; \
+	  cat $$reports | $(GOTESTSUM) tool slowest --num 10
 
 .PHONY: bench
 bench: envtest-assets ## Run the benchmarks on the source-built control plane, writing docs/bench/ with CPU profiles (about 90 minutes).

@@ -283,7 +283,7 @@ func TestOneUnconvertibleObjectDoesNotBlockTheRest(t *testing.T) {
 	f.assertStoredVersions(t, "v1beta1", "v1")
 
 	hook.Refuse(false, refused...)
-	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"), conversions)
+	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
 	f.assertStored(t, "v1", total)
 	f.assertStoredVersions(t, "v1")
 }

@@ -86,8 +86,10 @@ func TestBesideTheInTreeController(t *testing.T) {
 		t.Fatal(err)
 	}
 	operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{"--serve-storage-version-migrations"}})
-	// The in-tree controller reports no counts: what etcd holds is its progress.
-	testenv.WaitProgress(t, "the in-tree controller to finish the StorageVersionMigration", time.Minute, func(ctx context.Context) (bool, string, error) {
+	// The in-tree controller reports no counts: what etcd holds is its
+	// progress. It may also sit for a while between steps (its garbage
+	// collector rescans every 30 s): two minutes without a change fail.
+	testenv.WaitProgress(t, "the in-tree controller to finish the StorageVersionMigration", 2*time.Minute, func(ctx context.Context) (bool, string, error) {
 		if m, err = get(ctx); err != nil {
 			return false, "", err
 		}

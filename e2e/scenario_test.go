@@ -233,12 +233,12 @@ func (s *scenario) storedCounts(ctx context.Context) (map[string]int, error) {
 
 // waitMidPass waits until etcd holds at least a fifth of the objects at v1
 // (the first switch's target) and at least a fifth at others: the pass is
-// under way. It fails once etcd's counts have not moved for a minute.
+// under way. It fails once etcd's counts have not moved for two minutes.
 func (s *scenario) waitMidPass() {
 	s.t.Helper()
 	const version = "v1"
 	var counts map[string]int
-	testenv.WaitProgress(s.t, "the pass to be under way", time.Minute, func(ctx context.Context) (bool, string, error) {
+	testenv.WaitProgress(s.t, "the pass to be under way", 2*time.Minute, func(ctx context.Context) (bool, string, error) {
 		var err error
 		counts, err = s.storedCounts(ctx)
 		if err != nil {

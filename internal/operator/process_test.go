@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -33,7 +34,9 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{CRDDirectoryPaths: []string{"../../config/crd/bases"}}, &env)
+	// The standard StorageVersionMigration API served, as in controllers'
+	// tests and on Kubernetes 1.37: the manager watches it by default.
+	testenv.Main(m, testenv.Options{CRDDirectoryPaths: []string{"../../config/crd/bases"}, StorageVersionMigrations: true}, &env)
 }
 
 // TestNoContentsLeak: Secrets applied with kubectl carry their whole data in
@@ -237,12 +240,20 @@ func TestBacklogOfManyCRDs(t *testing.T) {
 	start := time.Now()
 	manager := operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{
 		"--auto-migrate-selector=restow.dev/backlog-test=yes", "--settle-window=2s", fmt.Sprintf("--max-concurrent-passes=%d", maxPasses)}})
-	most := 0.0
+	sampling, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan float64, 1)
+	go func() {
+		most := 0.0
+		_ = wait.PollUntilContextCancel(sampling, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			// The metrics endpoint may not answer yet.
+			if running, err := manager.Metric(ctx, "restow_passes_running", nil); err == nil {
+				most = max(most, running)
+			}
+			return false, nil
+		})
+		sampled <- most
+	}()
 	testenv.WaitProgress(t, fmt.Sprintf("%d migrations to be Ready", crds), time.Minute, func(ctx context.Context) (bool, string, error) {
-		// The metrics endpoint may not answer yet.
-		if running, err := manager.Metric(ctx, "restow_passes_running", nil); err == nil {
-			most = max(most, running)
-		}
 		var list migrationv1alpha1.StorageMigrationList
 		if err := env.Client.List(ctx, &list); err != nil {
 			return false, "", err
@@ -259,6 +270,8 @@ func TestBacklogOfManyCRDs(t *testing.T) {
 		return ready == crds, fmt.Sprintf("%d StorageMigrations created, %d Ready", created, ready), nil
 	})
 	took := time.Since(start)
+	stopSampling()
+	most := <-sampled
 	peak, err := manager.PeakRSS()
 	if err != nil {
 		t.Fatal(err)
