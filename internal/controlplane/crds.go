@@ -166,7 +166,7 @@ func (e *ControlPlane) waitStoresAt(ctx context.Context, name, version string) e
 // DeleteCRD deletes a CRD and waits until it is gone with its objects, for
 // as long as the API server keeps deleting them (ctx bounds the whole wait),
 // so the next test may reuse its name. It fails, saying how many objects are
-// left, once their number has not fallen for a minute: a conversion webhook
+// left, once their number has not changed for a minute: a conversion webhook
 // that refuses or is down, for one, stops the API server from deleting them
 // (DisarmConversion before it).
 func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
