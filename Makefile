@@ -149,7 +149,7 @@ E2E_FLAGS ?= -count=1 -timeout 40m -v
 test-e2e: envtest-assets $(GOTESTSUM) ## Run the end-to-end suite: the manager binary as a process against the control plane, faults injected.
 	@mkdir -p $(TEST_REPORTS)
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) $(GOTESTSUM) --format standard-verbose \
-	  --jsonfile-timing-events $(TEST_REPORTS)/e2e.json -- -tags e2e $(E2E_FLAGS) ./e2e/
+	  --jsonfile-timing-events $(TEST_REPORTS)/e2e.json -- -tags e2e $(E2E_FLAGS) ./e2e/...
 
 # Where make test-integration and make test-e2e record every test's time.
 TEST_REPORTS ?= $(LOCALBIN)/test-reports

@@ -1,18 +1,19 @@
 //go:build e2e
 
-package e2e
+// Package ha runs the manager binary against a control plane of several
+// kube-apiservers on one etcd, one of them seeing the storage switch late.
+// Run with `make test-e2e`.
+package ha
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/e2e/scenario"
 	"github.com/restow/restow/internal/testenv"
 )
 
@@ -32,7 +33,7 @@ const haObjects = 2000
 // throughout, finds no early prune.
 func TestLaggingAPIServer(t *testing.T) {
 	ha := testenv.Start(t, testenv.Options{
-		CRDDirectoryPaths: []string{"../config/crd/bases"},
+		CRDDirectoryPaths: []string{scenario.CRDDirectory},
 		APIServers:        3,
 		LaggingAPIServer:  true,
 		APIServerArgs:     map[string]string{"goaway-chance": "0.02"},
@@ -48,25 +49,25 @@ func TestLaggingAPIServer(t *testing.T) {
 		{name: "lag10s-ends", lag: 10 * time.Second, ends: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newScenario(t, "ha-"+tc.name, withEnv(ha), withObjects(haObjects))
-			manager := s.startManager("manager")
+			s := scenario.New(t, ha, "ha-"+tc.name, scenario.WithObjects(haObjects))
+			manager := s.StartManager("manager")
 			// Started and leading before the lag: a lagging server slows
 			// every client whose watches it serves, a starting manager's
 			// cache sync too.
 			if err := manager.WaitLeader(t.Context(), time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			s.startWriters(2)
+			s.StartWriters(2)
 			ha.SetWatchLag(tc.lag)
 			t.Cleanup(func() { ha.SetWatchLag(0) })
-			s.switchStorage("v1")
-			s.waitLagMessage()
+			s.SwitchStorage("v1")
+			waitLagMessage(t, s)
 			if tc.ends {
-				s.waitMidPass()
+				s.WaitMidPass()
 				ha.SetWatchLag(0)
 			}
-			s.waitMigrated("v1")
-			s.assertDone("v1")
+			s.WaitMigrated("v1")
+			s.AssertDone("v1")
 		})
 	}
 }
@@ -74,23 +75,13 @@ func TestLaggingAPIServer(t *testing.T) {
 // waitLagMessage waits until the StorageMigration says, while it waits for
 // every API server to switch, how many there are and what bound it assumes.
 // (Before that it may wait for the readiness gate, with the same reason, if
-// its discovery read reached the lagging server.)
-func (s *scenario) waitLagMessage() {
-	s.t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(s.t.Context(), 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		sm, err := s.migration(ctx)
-		if err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
+// its discovery read reached the lagging server.) It fails once the status
+// has shown no progress for a minute.
+func waitLagMessage(t *testing.T, s *scenario.Scenario) {
+	t.Helper()
+	s.Env.WaitForMigration(t, s.CRDName, time.Minute, "waiting for 3 API servers by the lag bound", func(sm *migrationv1alpha1.StorageMigration) bool {
 		c := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReconcilingCondition)
-		if c == nil || c.Reason != migrationv1alpha1.WaitingForStorageVersionReason {
-			return false, nil
-		}
-		last = c.Message
-		return strings.Contains(c.Message, "3 API servers") && strings.Contains(c.Message, "--apiserver-lag-bound"), nil
+		return c != nil && c.Reason == migrationv1alpha1.WaitingForStorageVersionReason &&
+			strings.Contains(c.Message, "3 API servers") && strings.Contains(c.Message, "--apiserver-lag-bound")
 	})
-	if err != nil {
-		s.t.Fatalf("status never said it waits for 3 API servers by the lag bound (last: %q): %v", last, err)
-	}
 }

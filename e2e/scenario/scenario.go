@@ -1,12 +1,12 @@
 //go:build e2e
 
-// Package e2e runs the manager binary as a process of its own against the
-// source-built control plane and injects the faults a cluster has: killed
-// managers, a lost leader, a restarted API server, a conversion webhook that
-// goes away, concurrent writers, a second storage switch, a deleted CRD and
-// an expired continue token. Every scenario ends with proof read from etcd.
-// Run with `make test-e2e`.
-package e2e
+// Package scenario is the end-to-end suite's common ground: one CRD with
+// objects at v1beta1 on a control plane, the manager binary run as a
+// process of its own to migrate it, writers that change it meanwhile, and
+// the proof read from etcd at the end. The suite's packages (failover,
+// faults, churn, ha, intree) each inject their own faults; `make test-e2e`
+// runs them side by side.
+package scenario
 
 import (
 	"context"
@@ -36,31 +36,25 @@ import (
 	"github.com/restow/restow/internal/testenv"
 )
 
-var (
-	env        *testenv.Env
-	kubeconfig string
-)
+// CRDDirectory holds restow's own CRDs, from a package of the suite.
+const CRDDirectory = "../../config/crd/bases"
 
-// compactionInterval is the API server's etcd compaction interval: short,
-// so that a slow pass outlives its continue token.
-const compactionInterval = 5 * time.Second
+// CompactionInterval is the etcd compaction interval of the control plane
+// Main starts: short, so that a slow pass outlives its continue token.
+const CompactionInterval = 5 * time.Second
 
-func TestMain(m *testing.M) {
+// Main runs a package's tests on a control plane of its own, with restow's
+// CRDs installed and etcd compacted every CompactionInterval, and sets *env.
+func Main(m *testing.M, env **testenv.Env) {
 	testenv.Main(m, testenv.Options{
-		CRDDirectoryPaths: []string{"../config/crd/bases"},
-		APIServerArgs:     map[string]string{"etcd-compaction-interval": compactionInterval.String()},
-		AfterRun: func() error {
-			if kubeconfig == "" {
-				return nil
-			}
-			return os.Remove(kubeconfig)
-		},
-	}, &env)
+		CRDDirectoryPaths: []string{CRDDirectory},
+		APIServerArgs:     map[string]string{"etcd-compaction-interval": CompactionInterval.String()},
+	}, env)
 }
 
-// objectCount is the number of objects per scenario: RESTOW_E2E_OBJECTS, by
+// ObjectCount is the number of objects per scenario: RESTOW_E2E_OBJECTS, by
 // default 5,000.
-func objectCount(t *testing.T) int {
+func ObjectCount(t *testing.T) int {
 	if s := os.Getenv("RESTOW_E2E_OBJECTS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 100 {
@@ -71,145 +65,121 @@ func objectCount(t *testing.T) int {
 	return 5000
 }
 
-// adminKubeconfig is the kubeconfig file the managers run with.
-func adminKubeconfig(t *testing.T) string {
-	if kubeconfig == "" {
-		f, err := os.CreateTemp("", "restow-e2e-kubeconfig-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = f.Close()
-		if err := env.WriteKubeconfig(f.Name()); err != nil {
-			t.Fatal(err)
-		}
-		kubeconfig = f.Name()
-	}
-	return kubeconfig
-}
-
-// scenario is one CRD with objects at v1beta1, the managers that migrate it,
+// Scenario is one CRD with objects at v1beta1, the managers that migrate it,
 // the writers that change it meanwhile and an observer of its
 // status.storedVersions.
-type scenario struct {
+type Scenario struct {
+	// Env is the control plane the scenario runs on.
+	Env *testenv.Env
+	// Group is the CRD's API group, CRDName its name.
+	Group, CRDName string
+	// N is the number of objects created at v1beta1.
+	N int
+	// Namespaces hold the objects, object i in Namespaces[i%5].
+	Namespaces []string
+	// Observer records storedVersions seen as one version while etcd
+	// still held objects at another: a prune before the pass was complete.
+	Observer *testenv.PruneObserver
+
 	t          *testing.T
 	name       string
-	group      string
-	crdName    string
-	n          int
-	namespaces []string
 	versions   []string
 	conversion *apiextensionsv1.CustomResourceConversion
 	// fx is the scenario's CRD as the shared test fixture.
 	fx testenv.Fixture
-	// env is the control plane the scenario runs on: the package's, or one
-	// of the test's own (withEnv).
-	env *testenv.Env
-	// kubeconfig is the managers' kubeconfig for env.
+	// kubeconfig is the managers' kubeconfig for Env.
 	kubeconfig string
-
 	// writers, when started, update and delete objects during the pass.
 	writers *writers
-
-	// observer records storedVersions seen as one version while etcd
-	// still held objects at another: a prune before the pass was complete.
-	observer *testenv.PruneObserver
 }
 
 const (
-	kind   = "Widget"
-	plural = "widgets"
-	// scenarioLabel marks a scenario's CRD; each manager migrates its own only.
-	scenarioLabel = "e2e.restow.dev/scenario"
+	// Kind and Plural name every scenario's custom resource.
+	Kind   = "Widget"
+	Plural = "widgets"
+	// Label marks a scenario's CRD; each manager migrates its own only.
+	Label = "e2e.restow.dev/scenario"
 )
 
-type scenarioOption func(*scenario)
+// Option changes a scenario before New installs it.
+type Option func(*Scenario)
 
-// withVersions serves these versions, v1beta1 being the storage version at
+// WithVersions serves these versions, v1beta1 being the storage version at
 // the start.
-func withVersions(versions ...string) scenarioOption {
-	return func(s *scenario) { s.versions = versions }
+func WithVersions(versions ...string) Option {
+	return func(s *Scenario) { s.versions = versions }
 }
 
-// withConversion converts between versions with a webhook.
-func withConversion(c *apiextensionsv1.CustomResourceConversion) scenarioOption {
-	return func(s *scenario) { s.conversion = c }
+// WithConversion converts between versions with a webhook.
+func WithConversion(c *apiextensionsv1.CustomResourceConversion) Option {
+	return func(s *Scenario) { s.conversion = c }
 }
 
-// withObjects makes the scenario's object count n instead of objectCount's.
-func withObjects(n int) scenarioOption {
-	return func(s *scenario) { s.n = n }
+// WithObjects makes the scenario's object count n instead of ObjectCount's.
+func WithObjects(n int) Option {
+	return func(s *Scenario) { s.N = n }
 }
 
-// withEnv runs the scenario on a control plane of the test's own, such as
-// several API servers.
-func withEnv(e *testenv.Env) scenarioOption {
-	return func(s *scenario) { s.env = e }
-}
-
-// newScenario installs the scenario's CRD with objectCount objects at
+// New installs the scenario's CRD on env with ObjectCount objects at
 // v1beta1 in 5 namespaces and starts observing its storedVersions.
-func newScenario(t *testing.T, name string, opts ...scenarioOption) *scenario {
+func New(t *testing.T, env *testenv.Env, name string, opts ...Option) *Scenario {
 	t.Helper()
-	s := &scenario{
-		t: t, name: name, n: objectCount(t),
-		group:    name + ".e2e.restow.dev",
+	s := &Scenario{
+		t: t, name: name, N: ObjectCount(t), Env: env,
+		Group:    name + ".e2e.restow.dev",
 		versions: []string{"v1beta1", "v1"},
-		env:      env,
 	}
 	for _, o := range opts {
 		o(s)
 	}
-	if s.env == env {
-		s.kubeconfig = adminKubeconfig(t)
-	} else {
-		s.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
-		if err := s.env.WriteKubeconfig(s.kubeconfig); err != nil {
-			t.Fatal(err)
-		}
+	s.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+	if err := s.Env.WriteKubeconfig(s.kubeconfig); err != nil {
+		t.Fatal(err)
 	}
-	s.fx = testenv.Fixture{Env: s.env, Group: s.group, Kind: kind, Plural: plural, Namespaced: true,
-		Labels: map[string]string{scenarioLabel: name}, Conversion: s.conversion}
-	s.crdName = s.fx.CRDName()
+	s.fx = testenv.Fixture{Env: s.Env, Group: s.Group, Kind: Kind, Plural: Plural, Namespaced: true,
+		Labels: map[string]string{Label: name}, Conversion: s.conversion}
+	s.CRDName = s.fx.CRDName()
 	s.fx.Install(t, s.versions...)
 	t.Cleanup(func() {
 		// Before the CRD's deletion (cleanups run last first).
-		_ = s.env.Client.Delete(context.Background(), &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: s.crdName}})
+		_ = s.Env.Client.Delete(context.Background(), &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: s.CRDName}})
 	})
 	for i := range 5 {
-		s.namespaces = append(s.namespaces, fmt.Sprintf("%s-%d", name, i))
+		s.Namespaces = append(s.Namespaces, fmt.Sprintf("%s-%d", name, i))
 	}
-	if err := s.env.EnsureNamespaces(t.Context(), s.namespaces...); err != nil {
+	if err := s.Env.EnsureNamespaces(t.Context(), s.Namespaces...); err != nil {
 		t.Fatal(err)
 	}
 	payload := strings.Repeat("x", 512)
-	err := s.env.CreateObjects(t.Context(), s.n, func(i int) client.Object {
-		u := s.object("v1beta1", i)
+	err := s.Env.CreateObjects(t.Context(), s.N, func(i int) client.Object {
+		u := s.Object("v1beta1", i)
 		u.Object["spec"] = map[string]any{"n": int64(i), "payload": payload, "writer": "created"}
 		return u
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.assertStored("v1beta1", s.n)
-	s.observer = s.env.ObservePrunes(t, s.group, plural, 100*time.Millisecond)
+	s.AssertStored("v1beta1", s.N)
+	s.Observer = s.Env.ObservePrunes(t, s.Group, Plural, 100*time.Millisecond)
 	return s
 }
 
-func (s *scenario) object(version string, i int) *unstructured.Unstructured {
-	return s.fx.Object(version, s.namespaces[i%len(s.namespaces)], fmt.Sprintf("widget-%05d", i), nil)
+// Object is object i at version, as a client sends it.
+func (s *Scenario) Object(version string, i int) *unstructured.Unstructured {
+	return s.fx.Object(version, s.Namespaces[i%len(s.Namespaces)], fmt.Sprintf("widget-%05d", i), nil)
 }
 
-// startManager runs the manager binary for this scenario: automatic
+// StartManager runs the manager binary for this scenario: automatic
 // migration for this scenario's CRD only, leader election in its own
 // namespace, short stalled retries.
-func (s *scenario) startManager(name string, args ...string) *operator.Process {
+func (s *Scenario) StartManager(name string, args ...string) *operator.Process {
 	s.t.Helper()
 	p := operator.StartProcess(s.t, operator.ProcessOptions{
 		Name:       name,
 		Kubeconfig: s.kubeconfig,
 		Args: append([]string{
-			"--auto-migrate-selector=" + scenarioLabel + "=" + s.name,
-			"--leader-election-namespace=" + s.namespaces[0],
+			"--auto-migrate-selector=" + Label + "=" + s.name,
+			"--leader-election-namespace=" + s.Namespaces[0],
 			"--stalled-retry-base=1s",
 			"--stalled-retry-max=5s",
 			"--status-interval=1s",
@@ -222,70 +192,70 @@ func (s *scenario) startManager(name string, args ...string) *operator.Process {
 	return p
 }
 
-// switchStorage makes version the storage version.
-func (s *scenario) switchStorage(version string) { s.t.Helper(); s.fx.SwitchStorage(s.t, version) }
+// SwitchStorage makes version the storage version.
+func (s *Scenario) SwitchStorage(version string) { s.t.Helper(); s.fx.SwitchStorage(s.t, version) }
 
-// storedCounts reads etcd: objects of the scenario's resource by the
+// StoredCounts reads etcd: objects of the scenario's resource by the
 // version they are stored at.
-func (s *scenario) storedCounts(ctx context.Context) (map[string]int, error) {
+func (s *Scenario) StoredCounts(ctx context.Context) (map[string]int, error) {
 	return s.fx.StoredCounts(ctx)
 }
 
-// waitMidPass waits until etcd holds at least a fifth of the objects at v1
+// WaitMidPass waits until etcd holds at least a fifth of the objects at v1
 // (the first switch's target) and at least a fifth at others: the pass is
 // under way. It fails once etcd's counts have not moved for two minutes.
-func (s *scenario) waitMidPass() {
+func (s *Scenario) WaitMidPass() {
 	s.t.Helper()
 	const version = "v1"
 	var counts map[string]int
 	testenv.WaitProgress(s.t, "the pass to be under way", 2*time.Minute, func(ctx context.Context) (bool, string, error) {
 		var err error
-		counts, err = s.storedCounts(ctx)
+		counts, err = s.StoredCounts(ctx)
 		if err != nil {
 			return false, "", err
 		}
-		return counts[version] >= s.n/5 && s.n-counts[version] >= s.n/5, fmt.Sprintf("etcd holds %v", counts), nil
+		return counts[version] >= s.N/5 && s.N-counts[version] >= s.N/5, fmt.Sprintf("etcd holds %v", counts), nil
 	})
 	s.t.Logf("mid-pass: etcd holds %v", counts)
 }
 
-// waitMigrated waits until storedVersions is [version] and the
+// WaitMigrated waits until storedVersions is [version] and the
 // StorageMigration named after the CRD is Ready, for as long as its status
 // shows progress: it fails once it has shown none for two minutes (a fault
 // the scenario injected may hold the pass back that long).
-func (s *scenario) waitMigrated(version string) {
+func (s *Scenario) WaitMigrated(version string) {
 	s.t.Helper()
 	const stall = 2 * time.Minute
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	storedVersions := func() string { return fmt.Sprintf("storedVersions %v", crd.Status.StoredVersions) }
-	s.env.WaitForMigration(s.t, s.crdName, stall, "migrated to "+version, func(sm *migrationv1alpha1.StorageMigration) bool {
-		if err := s.env.Client.Get(s.t.Context(), client.ObjectKey{Name: s.crdName}, crd); err != nil {
-			s.t.Logf("reading CRD %s: %v", s.crdName, err)
+	s.Env.WaitForMigration(s.t, s.CRDName, stall, "migrated to "+version, func(sm *migrationv1alpha1.StorageMigration) bool {
+		if err := s.Env.Client.Get(s.t.Context(), client.ObjectKey{Name: s.CRDName}, crd); err != nil {
+			s.t.Logf("reading CRD %s: %v", s.CRDName, err)
 			return false
 		}
 		return slices.Equal(crd.Status.StoredVersions, []string{version}) && sm.ReadyAt(version)
 	}, storedVersions)
 }
 
-// assertStored checks in etcd that want objects are stored, all at version.
-func (s *scenario) assertStored(version string, want int) {
+// AssertStored checks in etcd that want objects are stored, all at version.
+func (s *Scenario) AssertStored(version string, want int) {
 	s.t.Helper()
 	s.fx.AssertAllStoredAt(s.t, version, want)
 }
 
-// assertDone is every scenario's end: all objects (less those the writers
+// AssertDone is every scenario's end: all objects (less those the writers
 // deleted) at version in etcd, storedVersions [version], never pruned early,
 // and every writer's last write is what etcd holds.
-func (s *scenario) assertDone(version string) {
+func (s *Scenario) AssertDone(version string) {
 	s.t.Helper()
-	s.observer.AssertNoEarlyPrune(s.t, true)
-	want := s.n
+	s.Observer.AssertNoEarlyPrune(s.t, true)
+	want := s.N
 	if s.writers != nil {
 		want -= len(s.writers.deleted())
 	}
-	s.assertStored(version, want)
+	s.AssertStored(version, want)
 	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := s.env.Client.Get(s.t.Context(), client.ObjectKey{Name: s.crdName}, crd); err != nil {
+	if err := s.Env.Client.Get(s.t.Context(), client.ObjectKey{Name: s.CRDName}, crd); err != nil {
 		s.t.Fatal(err)
 	}
 	if !slices.Equal(crd.Status.StoredVersions, []string{version}) {
@@ -300,7 +270,7 @@ func (s *scenario) assertDone(version string) {
 // pass, each writer owning a disjoint share of them, and record the last
 // confirmed write of each object.
 type writers struct {
-	s      *scenario
+	s      *Scenario
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
 	mu     sync.Mutex
@@ -309,11 +279,11 @@ type writers struct {
 	writes atomic.Int64
 }
 
-// startWriters starts k writers; each update sets spec.writer to a value
+// StartWriters starts k writers; each update sets spec.writer to a value
 // never used before, with no resourceVersion precondition, as a careless
 // client would. A write whose outcome is unknown (an error) is repeated
 // with a new value until it is confirmed.
-func (s *scenario) startWriters(k int) {
+func (s *Scenario) StartWriters(k int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &writers{s: s, stop: cancel, last: map[int]string{}, gone: map[int]bool{}}
 	s.writers = w
@@ -321,7 +291,7 @@ func (s *scenario) startWriters(k int) {
 		w.wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(id), 42))
 			for seq := 0; ctx.Err() == nil; seq++ {
-				i := id + k*rng.IntN(s.n/k)
+				i := id + k*rng.IntN(s.N/k)
 				w.mu.Lock()
 				deleted := w.gone[i]
 				w.mu.Unlock()
@@ -342,9 +312,9 @@ func (s *scenario) startWriters(k int) {
 
 func (w *writers) update(ctx context.Context, i int, value string) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		obj := w.s.object("v1", i)
+		obj := w.s.Object("v1", i)
 		patch := fmt.Appendf(nil, `{"spec":{"writer":%q}}`, fmt.Sprintf("%s.%d", value, attempt))
-		err := w.s.env.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))
+		err := w.s.Env.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))
 		if err == nil {
 			w.mu.Lock()
 			w.last[i] = fmt.Sprintf("%s.%d", value, attempt)
@@ -362,7 +332,7 @@ func (w *writers) update(ctx context.Context, i int, value string) {
 
 func (w *writers) deleteObject(ctx context.Context, i int) {
 	for ctx.Err() == nil {
-		err := w.s.env.Client.Delete(ctx, w.s.object("v1", i))
+		err := w.s.Env.Client.Delete(ctx, w.s.Object("v1", i))
 		if err == nil || apierrors.IsNotFound(err) {
 			w.mu.Lock()
 			w.gone[i] = true
@@ -396,7 +366,7 @@ func (w *writers) deleted() []int {
 		if last != "?" || w.gone[i] {
 			continue
 		}
-		err := w.s.env.Client.Get(context.Background(), client.ObjectKeyFromObject(w.s.object("v1", i)), w.s.object("v1", i))
+		err := w.s.Env.Client.Get(context.Background(), client.ObjectKeyFromObject(w.s.Object("v1", i)), w.s.Object("v1", i))
 		if apierrors.IsNotFound(err) {
 			out = append(out, i)
 		}
@@ -413,14 +383,14 @@ func (w *writers) assertLastWritesStored() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	checked, unknown := 0, 0
-	for i := range w.s.n {
-		obj := w.s.object("v1", i)
+	for i := range w.s.N {
+		obj := w.s.Object("v1", i)
 		want, written := w.last[i]
 		if want == "?" {
 			unknown++
 			continue
 		}
-		stored, err := w.s.env.ReadStored(t.Context(), w.s.group, plural, obj.GetNamespace(), obj.GetName())
+		stored, err := w.s.Env.ReadStored(t.Context(), w.s.Group, Plural, obj.GetNamespace(), obj.GetName())
 		if w.gone[i] {
 			if err == nil {
 				t.Errorf("%s/%s was deleted but etcd holds it again", obj.GetNamespace(), obj.GetName())
@@ -454,18 +424,18 @@ func (w *writers) assertLastWritesStored() {
 	}
 }
 
-// migration reads the scenario's StorageMigration.
-func (s *scenario) migration(ctx context.Context) (*migrationv1alpha1.StorageMigration, error) {
+// Migration reads the scenario's StorageMigration.
+func (s *Scenario) Migration(ctx context.Context) (*migrationv1alpha1.StorageMigration, error) {
 	sm := &migrationv1alpha1.StorageMigration{}
-	return sm, s.env.Client.Get(ctx, client.ObjectKey{Name: s.crdName}, sm)
+	return sm, s.Env.Client.Get(ctx, client.ObjectKey{Name: s.CRDName}, sm)
 }
 
-// waitCondition waits until the scenario's StorageMigration has condition
+// WaitCondition waits until the scenario's StorageMigration has condition
 // True with reason, and returns its message. It fails once the status has
 // shown no progress for stall.
-func (s *scenario) waitCondition(condition, reason string, stall time.Duration) string {
+func (s *Scenario) WaitCondition(condition, reason string, stall time.Duration) string {
 	s.t.Helper()
-	sm := s.env.WaitForMigration(s.t, s.crdName, stall, condition+"="+reason, func(sm *migrationv1alpha1.StorageMigration) bool {
+	sm := s.Env.WaitForMigration(s.t, s.CRDName, stall, condition+"="+reason, func(sm *migrationv1alpha1.StorageMigration) bool {
 		c := apimeta.FindStatusCondition(sm.Status.Conditions, condition)
 		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason
 	})

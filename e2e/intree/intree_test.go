@@ -1,6 +1,9 @@
 //go:build e2e
 
-package e2e
+// Package intree runs restow's manager beside kube-controller-manager's own
+// StorageVersionMigration controller on one control plane. Run with
+// `make test-e2e`.
+package intree
 
 import (
 	"context"
@@ -18,6 +21,7 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/e2e/scenario"
 	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/svm"
 	"github.com/restow/restow/internal/testenv"
@@ -33,9 +37,9 @@ import (
 // event, never a status write) and its automatic trigger holds back, so the
 // in-tree controller alone migrates: etcd holds every object at v1 at the end.
 func TestBesideTheInTreeController(t *testing.T) {
-	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{"../config/crd/bases"}, StorageVersionMigrations: true})
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, StorageVersionMigrations: true})
 	const n = 3000
-	fx := testenv.Fixture{Env: cp, Group: "intree.e2e.restow.dev", Kind: kind, Plural: plural, Namespaced: true}
+	fx := testenv.Fixture{Env: cp, Group: "intree.e2e.restow.dev", Kind: scenario.Kind, Plural: scenario.Plural, Namespaced: true}
 	fx.Install(t, "v1beta1", "v1")
 	if err := cp.EnsureNamespaces(t.Context(), "intree"); err != nil {
 		t.Fatal(err)
@@ -60,7 +64,7 @@ func TestBesideTheInTreeController(t *testing.T) {
 	})
 
 	created := time.Now()
-	cp.CreateStandardMigration(t, "v1", "widgets-to-v1", schema.GroupResource{Group: fx.Group, Resource: plural})
+	cp.CreateStandardMigration(t, "v1", "widgets-to-v1", schema.GroupResource{Group: fx.Group, Resource: scenario.Plural})
 	get := func(ctx context.Context) (*svmv1.StorageVersionMigration, error) {
 		return cp.StandardMigration(ctx, "v1", "widgets-to-v1")
 	}
