@@ -94,8 +94,9 @@ type Scenario struct {
 }
 
 const (
-	// Kind and Plural name every scenario's custom resource.
-	Kind   = "Widget"
+	// Kind is every scenario's custom resource's kind.
+	Kind = "Widget"
+	// Plural is its resource name.
 	Plural = "widgets"
 	// Label marks a scenario's CRD; each manager migrates its own only.
 	Label = "e2e.restow.dev/scenario"
