@@ -175,6 +175,15 @@ bench-scale: envtest-assets ## Run the manager over RESTOW_BENCH_SCALE objects o
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_BENCH_SIZES=$(RESTOW_BENCH_SCALE) RESTOW_BENCH_OUT=$(RESTOW_BENCH_OUT)/scale \
 	  go test -run '^$$' -bench BenchmarkCompare $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
 
+# kubectl restow verify's read of etcd at RESTOW_VERIFY_BENCH_SIZES objects
+# (10,000 and 200,000 by default; about 5 minutes).
+RESTOW_VERIFY_BENCH_SIZES ?= 10000,200000
+
+.PHONY: bench-verify
+bench-verify: envtest-assets ## Time kubectl restow verify's etcd read and its peak heap at RESTOW_VERIFY_BENCH_SIZES objects.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_VERIFY_BENCH_SIZES=$(RESTOW_VERIFY_BENCH_SIZES) \
+	  go test -run '^$$' -bench BenchmarkScan -benchtime 3x -count 1 -timeout 30m ./internal/verify/
+
 # The compat runs check the API server's behaviour, not data races: make
 # test covers those on K8S_VERSION, and -race would double each run.
 COMPAT_TEST_FLAGS ?= -count=1 -timeout 30m

@@ -134,6 +134,18 @@ func TestBadFlagValues(t *testing.T) {
 		{[]string{"status", "a", "b"}, "status takes at most one NAME, got 2"},
 		{[]string{"status", "--watch=often"}, `--watch "often" is not true or false`},
 
+		{[]string{"verify"}, "verify needs a RESOURCE (such as crontabs.stable.example.com or secrets) or --all"},
+		{[]string{"verify", "secrets", "--all"}, "verify takes RESOURCE arguments or --all, not both"},
+		{[]string{"verify", "secrets", ""}, "a RESOURCE argument is empty"},
+		{[]string{"verify", "secrets", "--etcd-cert", "client.crt"}, "--etcd-cert and --etcd-key go together"},
+		{[]string{"verify", "secrets", "--etcd-endpoints", ""}, "--etcd-endpoints is empty"},
+		{[]string{"verify", "secrets", "--names=-1"}, "--names must be 0 (none) or more, got -1"},
+		{[]string{"verify", "secrets", "--rate=-5"}, "--rate must be 0 (no limit) or a positive number of objects per second, got -5"},
+		{[]string{"verify", "secrets", "--rate=NaN"}, "--rate must be 0 (no limit) or a positive number of objects per second, got NaN"},
+		{[]string{"verify", "secrets", "--page-size=0"}, "--page-size must be between 1 and 10000, got 0"},
+		{[]string{"verify", "secrets", "--etcd-dial-timeout=0"}, "--etcd-dial-timeout must be a positive duration, got 0s"},
+		{[]string{"verify", "secrets", "-o", "xml"}, `--output "xml" is not supported`},
+
 		{[]string{"version", "-o", "yaml"}, `--output "yaml": want json`},
 		{[]string{"version", "extra"}, `unknown command "extra"`},
 

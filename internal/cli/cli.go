@@ -90,6 +90,7 @@ and migrates them: through the restow operator (migrate) or in-process (run).`,
 		newMigrateCommand(f, streams),
 		newRunCommand(f, streams),
 		newStatusCommand(f, streams),
+		newVerifyCommand(f, streams),
 		newVersionCommand(streams),
 	)
 	root.Version = version.Get().String()

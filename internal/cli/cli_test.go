@@ -47,9 +47,15 @@ func restow(t *testing.T, args ...string) (stdout, stderr string, code int) {
 // interrupt, for --watch).
 func restowUntil(ctx context.Context, t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return restowOn(ctx, t, env, args...)
+}
+
+// restowOn runs kubectl-restow as restow does, against control plane e.
+func restowOn(ctx context.Context, t *testing.T, e *testenv.Env, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+	if err := e.WriteKubeconfig(kubeconfig); err != nil {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer

@@ -1,0 +1,441 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/restow/restow/internal/verify"
+)
+
+// ExitMismatch is verify's exit code when etcd holds objects that
+// --expect-version or --expect-key do not allow.
+const ExitMismatch = 5
+
+type verifyOptions struct {
+	all            bool
+	output         string
+	expect         verify.Expectations
+	scan           verify.ScanOptions
+	endpoints      []string
+	cacert         string
+	cert, key      string
+	connectTimeout time.Duration
+}
+
+// etcdDialOptions are added to the etcd client's gRPC dial options: the
+// tests record every call it sends.
+var etcdDialOptions []grpc.DialOption
+
+func newVerifyCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
+	opts := verifyOptions{}
+	cmd := &cobra.Command{
+		Use:   "verify RESOURCE... | --all",
+		Short: "Read etcd: at which version and under which key each object is stored",
+		Long: fmt.Sprintf(`verify reads etcd directly, read-only, and counts the objects of each resource
+by the API version they are stored at (the stored value's own header: JSON or
+CBOR apiVersion, the protobuf envelope) and by the encryption key they are
+stored under (the k8s:enc: prefix, and a KMS v2 envelope's key ID). Beside it,
+it shows what the API says (a CRD's status.storedVersions and storage
+version, a built-in resource's storageVersionHash) and a verdict: whether a
+CRD version is safe to remove. It never prints or keeps an object's contents,
+only names (--names) and counts.
+
+It needs the etcd client flags etcdctl takes: run it on a control-plane node,
+where the API server's etcd client certificate is. Those certificates give
+full access to the cluster: never copy them elsewhere.
+
+With --expect-version or --expect-key it is a gate: it exits %d if any object
+is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitMismatch),
+		Example: `  # On a control-plane node of a kubeadm cluster:
+  kubectl restow verify crontabs.stable.example.com \
+    --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert /etc/kubernetes/pki/etcd/ca.crt \
+    --etcd-cert /etc/kubernetes/pki/apiserver-etcd-client.crt --etcd-key /etc/kubernetes/pki/apiserver-etcd-client.key
+  # A gate: every Secret under the new key
+  kubectl restow verify secrets --expect-key key2 ...`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := opts.validate(args); err != nil {
+				return err
+			}
+			c, err := f.clients(cmd.Context())
+			if err != nil {
+				return err
+			}
+			etcd, err := opts.dialEtcd()
+			if err != nil {
+				return err
+			}
+			defer func() { _ = etcd.Close() }()
+			if err := opts.reachable(cmd.Context(), etcd.KV); err != nil {
+				return err
+			}
+			return runVerify(cmd.Context(), c, etcd.KV, streams, args, opts)
+		},
+	}
+	flags := cmd.Flags()
+	flags.BoolVar(&opts.all, "all", false, "Verify every resource that etcd stores: custom resources and built-in ones that can be listed and updated.")
+	flags.StringVar(&opts.expect.Version, "expect-version", "", "Exit "+fmt.Sprint(ExitMismatch)+" unless every object is stored at this version (v1, or group/v1).")
+	flags.StringVar(&opts.expect.Key, "expect-key", "", "Exit "+fmt.Sprint(ExitMismatch)+" unless every object is stored under this key: identity (not encrypted), a key or KMS provider name from the encryption configuration (key2, or aescbc:key2), or a KMS v2 key ID.")
+	flags.IntVar(&opts.scan.Names, "names", verify.DefaultNames, "How many object names to show per count (0: none).")
+	flags.Float64Var(&opts.scan.Rate, "rate", 0, "Most objects read from etcd per second (0: no limit), so that a busy etcd is not starved.")
+	flags.Int64Var(&opts.scan.PageSize, "page-size", verify.DefaultPageSize, "Most values read from etcd per request; below it, each request reads about 8 MiB of values.")
+	flags.StringSliceVar(&opts.endpoints, "etcd-endpoints", []string{"127.0.0.1:2379"}, "etcd's client URLs, as etcdctl's --endpoints.")
+	flags.StringVar(&opts.cacert, "etcd-cacert", "", "CA bundle that signed etcd's serving certificate, as etcdctl's --cacert.")
+	flags.StringVar(&opts.cert, "etcd-cert", "", "Client certificate for etcd, as etcdctl's --cert.")
+	flags.StringVar(&opts.key, "etcd-key", "", "Client certificate's key for etcd, as etcdctl's --key.")
+	flags.StringVar(&opts.scan.Prefix, "etcd-prefix", verify.DefaultPrefix, "The API server's --etcd-prefix.")
+	flags.DurationVar(&opts.connectTimeout, "etcd-dial-timeout", 5*time.Second, "How long to wait for etcd to answer.")
+	addOutputFlag(cmd, &opts.output)
+	return cmd
+}
+
+func (o verifyOptions) validate(args []string) error {
+	switch {
+	case o.all && len(args) > 0:
+		return errors.New("verify takes RESOURCE arguments or --all, not both")
+	case !o.all && len(args) == 0:
+		return errors.New("verify needs a RESOURCE (such as crontabs.stable.example.com or secrets) or --all")
+	case slices.ContainsFunc(args, func(a string) bool { return strings.TrimSpace(a) == "" }):
+		return errors.New("a RESOURCE argument is empty")
+	case (o.cert == "") != (o.key == ""):
+		return errors.New("--etcd-cert and --etcd-key go together")
+	case len(o.endpoints) == 0:
+		return errors.New("--etcd-endpoints is empty")
+	}
+	for _, err := range []error{
+		between("page-size", o.scan.PageSize, 1, maxPageSize),
+		positive("etcd-dial-timeout", o.connectTimeout),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	if o.scan.Names < 0 {
+		return fmt.Errorf("--names must be 0 (none) or more, got %d", o.scan.Names)
+	}
+	if o.scan.Rate < 0 || math.IsNaN(o.scan.Rate) || math.IsInf(o.scan.Rate, 0) {
+		return fmt.Errorf("--rate must be 0 (no limit) or a positive number of objects per second, got %v", o.scan.Rate)
+	}
+	return validateOutput(o.output)
+}
+
+// dialEtcd connects to etcd as etcdctl would with the same flags. The client
+// is handed on as a verify.Reader: range reads only.
+func (o verifyOptions) dialEtcd() (*clientv3.Client, error) {
+	cfg := clientv3.Config{
+		Endpoints:   o.endpoints,
+		DialTimeout: o.connectTimeout,
+		Logger:      zap.NewNop(),
+		DialOptions: etcdDialOptions,
+	}
+	if o.cacert != "" || o.cert != "" {
+		tlsInfo := transport.TLSInfo{CertFile: o.cert, KeyFile: o.key, TrustedCAFile: o.cacert}
+		tlsConfig, err := tlsInfo.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("etcd client certificates: %w", err)
+		}
+		cfg.TLS = tlsConfig
+	}
+	etcd, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to etcd at %s: %w", strings.Join(o.endpoints, ","), err)
+	}
+	return etcd, nil
+}
+
+// reachable reads the number of keys under the prefix, within
+// --etcd-dial-timeout: an etcd that does not answer, or refuses the
+// certificates, ends the command there rather than hanging the first scan.
+func (o verifyOptions) reachable(ctx context.Context, etcd verify.Reader) error {
+	ctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
+	defer cancel()
+	prefix := strings.TrimSuffix(o.scan.Prefix, "/") + "/"
+	if _, err := etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+		return fmt.Errorf("etcd at %s did not answer a read of %s within %s: %w", strings.Join(o.endpoints, ","), prefix, o.connectTimeout, err)
+	}
+	return nil
+}
+
+// verifyTarget is one resource to verify, with what the API says of it.
+type verifyTarget struct {
+	gr  schema.GroupResource
+	api verify.APIView
+	// skip says why etcd is not read for it.
+	skip string
+}
+
+// verifiedResource is one resource's part of verify's output.
+type verifiedResource struct {
+	Resource   string           `json:"resource"`
+	Skipped    string           `json:"skipped,omitempty"`
+	Etcd       *verify.Report   `json:"etcd,omitempty"`
+	API        verify.APIView   `json:"api"`
+	Findings   []verify.Finding `json:"findings,omitempty"`
+	Mismatches []string         `json:"mismatches,omitempty"`
+}
+
+type verifyOutput struct {
+	Resources []verifiedResource `json:"resources"`
+	// Expect and Match are set for a gate.
+	Expect *verifyExpect `json:"expect,omitempty"`
+	Match  *bool         `json:"match,omitempty"`
+}
+
+type verifyExpect struct {
+	Version string `json:"version,omitempty"`
+	Key     string `json:"key,omitempty"`
+}
+
+func runVerify(ctx context.Context, c *clients, etcd verify.Reader, streams genericiooptions.IOStreams, args []string, opts verifyOptions) error {
+	targets, err := verifyTargets(ctx, c, args, opts.all)
+	if err != nil {
+		return err
+	}
+	opts.scan.ExpectKey = opts.expect.Key
+	out := verifyOutput{}
+	gate := opts.expect.Version != "" || opts.expect.Key != ""
+	match := true
+	for _, t := range targets {
+		res := verifiedResource{Resource: t.gr.String(), API: t.api, Skipped: t.skip}
+		if t.skip == "" {
+			report, err := verify.Scan(ctx, etcd, t.gr, t.api.CRD != nil, opts.scan)
+			if err != nil {
+				return err
+			}
+			j := verify.Judge(report, t.api, opts.expect)
+			res.Etcd, res.Findings, res.Mismatches = report, j.Findings, j.Mismatches
+			match = match && len(j.Mismatches) == 0
+		}
+		out.Resources = append(out.Resources, res)
+	}
+	if gate {
+		out.Expect = &verifyExpect{Version: opts.expect.Version, Key: opts.expect.Key}
+		out.Match = &match
+	}
+	if opts.output != "" {
+		if err := printStructured(streams.Out, opts.output, out); err != nil {
+			return err
+		}
+	} else {
+		printVerify(streams.Out, out)
+	}
+	if gate && !match {
+		return &exitError{code: ExitMismatch, err: fmt.Errorf("etcd holds objects that %s does not allow", expectation(opts.expect))}
+	}
+	return nil
+}
+
+func expectation(e verify.Expectations) string {
+	var parts []string
+	if e.Version != "" {
+		parts = append(parts, "--expect-version "+e.Version)
+	}
+	if e.Key != "" {
+		parts = append(parts, "--expect-key "+e.Key)
+	}
+	return strings.Join(parts, " and ")
+}
+
+// verifyTargets resolves the arguments, or with --all every resource that
+// discovery shows can be listed and updated, and reads what the API says of
+// each.
+func verifyTargets(ctx context.Context, c *clients, args []string, all bool) ([]verifyTarget, error) {
+	crds := &apiextensionsv1.CustomResourceDefinitionList{}
+	if err := c.client.List(ctx, crds); err != nil {
+		return nil, fmt.Errorf("listing CRDs: %w", err)
+	}
+	byResource := map[schema.GroupResource]*apiextensionsv1.CustomResourceDefinition{}
+	for i := range crds.Items {
+		crd := &crds.Items[i]
+		byResource[schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}] = crd
+	}
+	var grs []schema.GroupResource
+	if all {
+		var err error
+		if grs, err = storedResources(c); err != nil {
+			return nil, err
+		}
+	} else {
+		for _, arg := range args {
+			gr, err := c.resolveResource(arg)
+			if err != nil {
+				return nil, err
+			}
+			grs = append(grs, gr)
+		}
+	}
+	aggregated, err := aggregatedGroups(ctx, c.client)
+	if err != nil {
+		return nil, err
+	}
+	targets := make([]verifyTarget, 0, len(grs))
+	for _, gr := range grs {
+		t := verifyTarget{gr: gr, api: verify.APIView{Group: gr.Group}}
+		if crd := byResource[gr]; crd != nil {
+			t.api.Kind = crd.Spec.Names.Kind
+			t.api.CRD = crdView(crd)
+		} else if aggregated[gr.Group] {
+			t.skip = "served by an aggregated API server: not stored in this etcd"
+		}
+		if t.skip == "" {
+			if err := c.discoverStorage(gr, &t.api); err != nil {
+				return nil, err
+			}
+		}
+		targets = append(targets, t)
+	}
+	return targets, nil
+}
+
+func crdView(crd *apiextensionsv1.CustomResourceDefinition) *verify.CRDView {
+	v := &verify.CRDView{Name: crd.Name, StoredVersions: crd.Status.StoredVersions}
+	for _, version := range crd.Spec.Versions {
+		v.Versions = append(v.Versions, version.Name)
+		if version.Storage {
+			v.StorageVersion = version.Name
+		}
+	}
+	return v
+}
+
+// discoverStorage fills in the resource's kind and storageVersionHash from
+// the discovery of its preferred version.
+func (c *clients) discoverStorage(gr schema.GroupResource, api *verify.APIView) error {
+	mapping, err := c.mapper.RESTMapping(schema.GroupKind{Group: gr.Group, Kind: api.Kind})
+	if api.Kind == "" || err != nil {
+		gvk, kerr := c.mapper.KindFor(gr.WithVersion(""))
+		if kerr != nil {
+			return fmt.Errorf("the kind of %s: %w", gr, kerr)
+		}
+		api.Kind = gvk.Kind
+		if mapping, err = c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+			return err
+		}
+	}
+	resources, err := c.migrator.Discovery.ServerResourcesForGroupVersion(mapping.Resource.GroupVersion().String())
+	if err != nil {
+		return fmt.Errorf("discovery of %s: %w", mapping.Resource.GroupVersion(), err)
+	}
+	for _, r := range resources.APIResources {
+		if r.Name == gr.Resource {
+			api.StorageVersionHash = r.StorageVersionHash
+		}
+	}
+	return nil
+}
+
+// storedResources are the resources --all covers: every one discovery shows
+// with the list and update verbs (those etcd stores and a pass can
+// rewrite), subresources left out.
+func storedResources(c *clients) ([]schema.GroupResource, error) {
+	lists, err := c.migrator.Discovery.ServerPreferredResources()
+	if err != nil && len(lists) == 0 {
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
+	seen := map[schema.GroupResource]bool{}
+	var out []schema.GroupResource
+	for _, list := range lists {
+		gv, err := schema.ParseGroupVersion(list.GroupVersion)
+		if err != nil {
+			continue
+		}
+		for _, r := range list.APIResources {
+			gr := schema.GroupResource{Group: gv.Group, Resource: r.Name}
+			if strings.Contains(r.Name, "/") || seen[gr] || !slices.Contains(r.Verbs, "list") || !slices.Contains(r.Verbs, "update") {
+				continue
+			}
+			seen[gr] = true
+			out = append(out, gr)
+		}
+	}
+	slices.SortFunc(out, func(a, b schema.GroupResource) int { return strings.Compare(a.String(), b.String()) })
+	return out, nil
+}
+
+// aggregatedGroups are the API groups that APIServices send to another
+// server: their objects are not in this etcd.
+func aggregatedGroups(ctx context.Context, c client.Client) (map[string]bool, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIServiceList"})
+	if err := c.List(ctx, list); err != nil {
+		if apierrors.IsForbidden(err) || apierrors.IsNotFound(err) {
+			return map[string]bool{}, nil
+		}
+		return nil, fmt.Errorf("listing APIServices: %w", err)
+	}
+	out := map[string]bool{}
+	for _, item := range list.Items {
+		if service, _, _ := unstructured.NestedMap(item.Object, "spec", "service"); service != nil {
+			group, _, _ := unstructured.NestedString(item.Object, "spec", "group")
+			out[group] = true
+		}
+	}
+	return out, nil
+}
+
+// printVerify prints one block per resource: what etcd holds, what the API
+// says, and the verdict.
+func printVerify(w io.Writer, out verifyOutput) {
+	for i, r := range out.Resources {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		if r.Skipped != "" {
+			fmt.Fprintf(w, "%s: skipped: %s\n", r.Resource, r.Skipped)
+			continue
+		}
+		rep := r.Etcd
+		snapshot := fmt.Sprintf("revision %d", rep.Revision)
+		if !rep.Snapshot {
+			snapshot = fmt.Sprintf("from revision %d on: etcd compacted it during the read", rep.Revision)
+		}
+		fmt.Fprintf(w, "%s: %d objects in etcd under %s (%s)\n", r.Resource, rep.Objects, rep.KeyPrefix, snapshot)
+		if rep.Objects > 0 {
+			fmt.Fprintf(w, "  stored at:    %s\n", countsLine(rep.Versions, rep.VersionsSorted()))
+			fmt.Fprintf(w, "  stored under: %s\n", countsLine(rep.Keys, rep.KeysSorted()))
+		}
+		if crd := r.API.CRD; crd != nil {
+			fmt.Fprintf(w, "  CRD %s: storage version %s, status.storedVersions [%s]\n", crd.Name, crd.StorageVersion, strings.Join(crd.StoredVersions, " "))
+		} else if r.API.StorageVersionHash != "" {
+			fmt.Fprintf(w, "  API: storageVersionHash %s\n", r.API.StorageVersionHash)
+		}
+		for _, f := range r.Findings {
+			fmt.Fprintf(w, "  %s: %s\n", f.Severity, f.Message)
+		}
+		for _, m := range r.Mismatches {
+			fmt.Fprintf(w, "  MISMATCH: %s\n", m)
+		}
+	}
+	if out.Match != nil {
+		verdict := "every object matches"
+		if !*out.Match {
+			verdict = "MISMATCH"
+		}
+		fmt.Fprintf(w, "\n%s: %s\n", expectation(verify.Expectations{Version: out.Expect.Version, Key: out.Expect.Key}), verdict)
+	}
+}
+
+func countsLine(counts map[string]*verify.Count, labels []string) string {
+	parts := make([]string, 0, len(labels))
+	for _, l := range labels {
+		parts = append(parts, fmt.Sprintf("%s %d", l, counts[l].Objects))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,223 @@
+package verify
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"k8s.io/apiserver/pkg/endpoints/discovery"
+)
+
+// APIView is what the API says about a resource's storage, beside what etcd
+// holds.
+type APIView struct {
+	// Group and Kind of the resource.
+	Group string `json:"group"`
+	Kind  string `json:"kind"`
+	// CRD is set for custom resources.
+	CRD *CRDView `json:"crd,omitempty"`
+	// StorageVersionHash is the resource's hash in discovery: it names the
+	// group, version and kind the answering API server stores at.
+	StorageVersionHash string `json:"storageVersionHash,omitempty"`
+}
+
+// CRDView is the CRD of a custom resource.
+type CRDView struct {
+	Name           string   `json:"name"`
+	StorageVersion string   `json:"storageVersion"`
+	StoredVersions []string `json:"storedVersions"`
+	// Versions are the CRD's spec.versions, in order.
+	Versions []string `json:"versions"`
+}
+
+// Severity says what a finding asks of the user.
+type Severity string
+
+const (
+	// Fine means there is nothing to do.
+	Fine Severity = "ok"
+	// Pending means a migration is not finished; nothing is lost.
+	Pending Severity = "pending"
+	// Danger means acting on what the API says would lose objects.
+	Danger Severity = "danger"
+	// CannotTell means etcd holds values whose version cannot be read.
+	CannotTell Severity = "cannot-tell"
+)
+
+// Finding is one sentence of a verdict.
+type Finding struct {
+	Severity Severity `json:"severity"`
+	Message  string   `json:"message"`
+}
+
+// Expectations turn verify into a gate.
+type Expectations struct {
+	// Version every object must be stored at ("v1" or "group/v1").
+	Version string
+	// Key every object must be stored under (see MatchesKey).
+	Key string
+}
+
+// Judgement is the verdict on one resource.
+type Judgement struct {
+	Findings []Finding `json:"findings"`
+	// Mismatches say how etcd differs from the expectations; none means
+	// the gate passes.
+	Mismatches []string `json:"mismatches,omitempty"`
+}
+
+// Judge compares what etcd holds with what the API says, and with what the
+// user expects. It is pure: the report and the view are all it reads.
+func Judge(r *Report, api APIView, want Expectations) Judgement {
+	var j Judgement
+	unreadable := r.objectsAt(EncryptedVersion) + r.objectsAt(UnknownVersion)
+	if unreadable > 0 {
+		consequence := ""
+		if api.CRD != nil {
+			consequence = ": no version is proven safe to remove"
+		}
+		j.add(CannotTell, "cannot tell the version of %s (%s)%s", objects(unreadable), r.unreadableReason(), consequence)
+	}
+	if api.CRD != nil {
+		j.judgeCRD(r, api, unreadable > 0)
+	} else {
+		j.judgeBuiltIn(r, api)
+	}
+	if r.NotUnderKey != nil {
+		if n := r.NotUnderKey.Objects; n > 0 {
+			j.Mismatches = append(j.Mismatches, fmt.Sprintf("%s not stored under key %s%s", objects(n), want.Key, names(r.NotUnderKey)))
+		}
+	}
+	if want.Version != "" {
+		apiVersion := want.Version
+		if !strings.Contains(apiVersion, "/") && api.Group != "" {
+			apiVersion = api.Group + "/" + apiVersion
+		}
+		for _, v := range r.VersionsSorted() {
+			if v != apiVersion {
+				j.Mismatches = append(j.Mismatches, fmt.Sprintf("%s stored at %s, not %s%s", objects(r.Versions[v].Objects), v, apiVersion, names(r.Versions[v])))
+			}
+		}
+	}
+	return j
+}
+
+func (j *Judgement) add(s Severity, format string, args ...any) {
+	j.Findings = append(j.Findings, Finding{Severity: s, Message: fmt.Sprintf(format, args...)})
+}
+
+func (j *Judgement) judgeCRD(r *Report, api APIView, unreadable bool) {
+	crd := api.CRD
+	storage := api.Group + "/" + crd.StorageVersion
+	versions := slices.Clone(crd.Versions)
+	// Versions etcd holds that the CRD no longer has.
+	for _, v := range r.VersionsSorted() {
+		name, ok := strings.CutPrefix(v, api.Group+"/")
+		if ok && !slices.Contains(versions, name) {
+			versions = append(versions, name)
+		}
+	}
+	for _, v := range versions {
+		if v == crd.StorageVersion {
+			continue
+		}
+		stored := r.Versions[api.Group+"/"+v]
+		n := 0
+		if stored != nil {
+			n = stored.Objects
+		}
+		listed := slices.Contains(crd.StoredVersions, v)
+		inSpec := slices.Contains(crd.Versions, v)
+		switch {
+		case n > 0 && !inSpec:
+			j.add(Danger, "etcd holds %s at %s, a version the CRD no longer has: the API server cannot read them; add %s back (served: false) and migrate%s", objects(n), v, v, names(stored))
+		case n > 0 && !listed:
+			j.add(Danger, "status.storedVersions no longer lists %s but etcd holds %s at it: put it back before removing the version%s", v, objects(n), names(stored))
+		case n > 0:
+			j.add(Pending, "not safe to remove %s: %s still stored at it%s", v, objects(n), names(stored))
+		case unreadable:
+			j.add(CannotTell, "no readable object is stored at %s, but some versions cannot be read: not proven safe to remove", v)
+		case listed:
+			j.add(Pending, "etcd holds no object at %s, but status.storedVersions still lists it: migrate (restow prunes it) before removing %s", v, v)
+		default:
+			j.add(Fine, "safe to remove %s: etcd holds no object at it and status.storedVersions does not list it", v)
+		}
+	}
+	if c := r.Versions[storage]; c != nil {
+		j.add(Fine, "%s stored at %s, the storage version", objects(c.Objects), crd.StorageVersion)
+	} else if r.Objects == 0 {
+		j.add(Fine, "etcd holds no object of this resource")
+	}
+}
+
+func (j *Judgement) judgeBuiltIn(r *Report, api APIView) {
+	if r.Objects == 0 {
+		j.add(Fine, "etcd holds no object of this resource")
+		return
+	}
+	if api.StorageVersionHash == "" {
+		j.add(CannotTell, "the API server publishes no storageVersionHash for this resource: the storage version is not known")
+	}
+	for _, v := range r.VersionsSorted() {
+		if v == EncryptedVersion || v == UnknownVersion {
+			continue
+		}
+		c := r.Versions[v]
+		group, version, ok := strings.Cut(v, "/")
+		if !ok {
+			group, version = "", v
+		}
+		switch {
+		case api.StorageVersionHash == "":
+			j.add(CannotTell, "%s stored at %s", objects(c.Objects), v)
+		case discovery.StorageVersionHash(group, version, api.Kind) == api.StorageVersionHash:
+			j.add(Fine, "%s stored at %s, the version the API server stores at", objects(c.Objects), v)
+		default:
+			j.add(Pending, "%s stored at %s, not the version the API server stores at now: re-store them (kubectl restow run)%s", objects(c.Objects), v, names(c))
+		}
+	}
+}
+
+func (r *Report) objectsAt(version string) int {
+	if c := r.Versions[version]; c != nil {
+		return c.Objects
+	}
+	return 0
+}
+
+func (r *Report) unreadableReason() string {
+	var why []string
+	if n := r.objectsAt(EncryptedVersion); n > 0 {
+		why = append(why, fmt.Sprintf("%d encrypted", n))
+	}
+	for problem, n := range r.Problems {
+		why = append(why, fmt.Sprintf("%d: %s", n, problem))
+	}
+	slices.Sort(why)
+	return strings.Join(why, "; ")
+}
+
+// names lists a count's first names, for a message.
+func names(c *Count) string {
+	if c == nil || len(c.Names) == 0 {
+		return ""
+	}
+	more := ""
+	if c.Objects > len(c.Names) {
+		more = ", …"
+	}
+	return " (" + strings.Join(c.Names, ", ") + more + ")"
+}
+
+// Failed says whether any finding is Danger.
+func (j Judgement) Failed() bool {
+	return slices.ContainsFunc(j.Findings, func(f Finding) bool { return f.Severity == Danger })
+}
+
+// objects says "1 object" or "n objects".
+func objects(n int) string {
+	if n == 1 {
+		return "1 object"
+	}
+	return fmt.Sprintf("%d objects", n)
+}

@@ -1,0 +1,161 @@
+package verify
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/endpoints/discovery"
+)
+
+func report(versions map[string]int, keys map[string]int) *Report {
+	r := &Report{Versions: map[string]*Count{}, Keys: map[string]*Count{}}
+	for v, n := range versions {
+		r.Versions[v] = &Count{Objects: n, Names: []string{"ns/first"}}
+		r.Objects += n
+	}
+	for k, n := range keys {
+		r.Keys[k] = &Count{Objects: n}
+	}
+	return r
+}
+
+// widgets is a CRD whose storage version is v1.
+func widgets(stored ...string) APIView {
+	return APIView{Group: "example.com", Kind: "Widget", CRD: &CRDView{
+		Name: "widgets.example.com", StorageVersion: "v1", StoredVersions: stored, Versions: []string{"v1beta1", "v1"},
+	}}
+}
+
+func TestJudge(t *testing.T) {
+	deploymentsV1 := APIView{Group: "apps", Kind: "Deployment", StorageVersionHash: discovery.StorageVersionHash("apps", "v1", "Deployment")}
+	for _, tc := range []struct {
+		name   string
+		report *Report
+		api    APIView
+		want   Expectations
+		// findings: severity and a part of the message, in order.
+		findings   []string
+		mismatches []string
+	}{
+		{
+			name:   "migrated and pruned",
+			report: report(map[string]int{"example.com/v1": 10}, nil),
+			api:    widgets("v1"), want: Expectations{Version: "v1"},
+			findings: []string{"ok: safe to remove v1beta1", "ok: 10 objects stored at v1, the storage version"},
+		},
+		{
+			name:   "mid-migration",
+			report: report(map[string]int{"example.com/v1": 7, "example.com/v1beta1": 3}, nil),
+			api:    widgets("v1beta1", "v1"), want: Expectations{Version: "v1"},
+			findings:   []string{"pending: not safe to remove v1beta1: 3 objects still stored at it (ns/first, …)", "ok: 7 objects"},
+			mismatches: []string{"3 objects stored at example.com/v1beta1, not example.com/v1 (ns/first, …)"},
+		},
+		{
+			name:     "migrated, not yet pruned",
+			report:   report(map[string]int{"example.com/v1": 10}, nil),
+			api:      widgets("v1beta1", "v1"),
+			findings: []string{"pending: etcd holds no object at v1beta1, but status.storedVersions still lists it", "ok: 10 objects"},
+		},
+		{
+			name:     "pruned too early",
+			report:   report(map[string]int{"example.com/v1": 7, "example.com/v1beta1": 3}, nil),
+			api:      widgets("v1"),
+			findings: []string{"danger: status.storedVersions no longer lists v1beta1 but etcd holds 3 objects at it: put it back before removing the version", "ok: 7 objects"},
+		},
+		{
+			name:   "version already removed",
+			report: report(map[string]int{"example.com/v1": 7, "example.com/v1alpha1": 2}, nil),
+			api:    widgets("v1"),
+			findings: []string{"ok: safe to remove v1beta1", "danger: etcd holds 2 objects at v1alpha1, a version the CRD no longer has",
+				"ok: 7 objects"},
+		},
+		{
+			name:   "encrypted custom resources",
+			report: report(map[string]int{"example.com/v1": 7, EncryptedVersion: 3}, nil),
+			api:    widgets("v1"), want: Expectations{Version: "v1"},
+			findings: []string{"cannot-tell: cannot tell the version of 3 objects (3 encrypted)", "cannot-tell: no readable object is stored at v1beta1",
+				"ok: 7 objects"},
+			mismatches: []string{"3 objects stored at (encrypted), not example.com/v1 (ns/first, …)"},
+		},
+		{
+			name:     "built-in at its storage version",
+			report:   report(map[string]int{"apps/v1": 4}, nil),
+			api:      deploymentsV1,
+			findings: []string{"ok: 4 objects stored at apps/v1, the version the API server stores at"},
+		},
+		{
+			name:   "built-in left at an older version",
+			report: report(map[string]int{"apps/v1": 4, "apps/v1beta2": 1}, nil),
+			api:    deploymentsV1, want: Expectations{Version: "v1"},
+			findings:   []string{"ok: 4 objects stored at apps/v1", "pending: 1 object stored at apps/v1beta2, not the version the API server stores at now"},
+			mismatches: []string{"1 object stored at apps/v1beta2, not apps/v1 (ns/first)"},
+		},
+		{
+			name:     "built-in without a hash",
+			report:   report(map[string]int{"v1": 4}, nil),
+			api:      APIView{Kind: "Secret"},
+			findings: []string{"cannot-tell: the API server publishes no storageVersionHash", "cannot-tell: 4 objects stored at v1"},
+		},
+		{
+			name: "key gate",
+			report: func() *Report {
+				r := report(map[string]int{EncryptedVersion: 5}, map[string]int{"aescbc:key1": 2, "aescbc:key2": 3})
+				r.NotUnderKey = &Count{Objects: 2, Names: []string{"ns/a", "ns/b"}}
+				return r
+			}(),
+			api: APIView{Kind: "Secret", StorageVersionHash: discovery.StorageVersionHash("", "v1", "Secret")}, want: Expectations{Key: "key2"},
+			findings:   []string{"cannot-tell: cannot tell the version of 5 objects (5 encrypted)"},
+			mismatches: []string{"2 objects not stored under key key2 (ns/a, ns/b)"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.report.Resource = schema.GroupResource{Group: tc.api.Group}
+			got := Judge(tc.report, tc.api, tc.want)
+			var findings []string
+			for _, f := range got.Findings {
+				findings = append(findings, string(f.Severity)+": "+f.Message)
+			}
+			if len(findings) != len(tc.findings) {
+				t.Fatalf("findings:\n%s\nwant:\n%s", strings.Join(findings, "\n"), strings.Join(tc.findings, "\n"))
+			}
+			for i, want := range tc.findings {
+				if !strings.HasPrefix(findings[i], want) {
+					t.Errorf("finding %d = %q, want it to start with %q", i, findings[i], want)
+				}
+			}
+			if !slices.Equal(got.Mismatches, tc.mismatches) {
+				t.Errorf("mismatches = %q, want %q", got.Mismatches, tc.mismatches)
+			}
+			danger := slices.ContainsFunc(tc.findings, func(f string) bool { return strings.HasPrefix(f, "danger") })
+			if got.Failed() != danger {
+				t.Errorf("Failed() = %v, want %v", got.Failed(), danger)
+			}
+		})
+	}
+}
+
+func TestKeyPrefix(t *testing.T) {
+	for _, tc := range []struct {
+		gr     schema.GroupResource
+		crd    bool
+		prefix string
+		want   string
+	}{
+		{schema.GroupResource{Group: "example.com", Resource: "widgets"}, true, "", "/registry/example.com/widgets/"},
+		{schema.GroupResource{Resource: "secrets"}, false, "", "/registry/secrets/"},
+		{schema.GroupResource{Group: "apps", Resource: "deployments"}, false, "/registry", "/registry/deployments/"},
+		{schema.GroupResource{Resource: "nodes"}, false, "", "/registry/minions/"},
+		{schema.GroupResource{Resource: "services"}, false, "", "/registry/services/specs/"},
+		{schema.GroupResource{Resource: "endpoints"}, false, "", "/registry/services/endpoints/"},
+		{schema.GroupResource{Resource: "replicationcontrollers"}, false, "", "/registry/controllers/"},
+		{schema.GroupResource{Group: "networking.k8s.io", Resource: "ingresses"}, false, "", "/registry/ingress/"},
+		{schema.GroupResource{Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"}, false, "", "/registry/apiextensions.k8s.io/customresourcedefinitions/"},
+		{schema.GroupResource{Group: "apiregistration.k8s.io", Resource: "apiservices"}, false, "/cluster-a/", "/cluster-a/apiregistration.k8s.io/apiservices/"},
+	} {
+		if got := KeyPrefix(tc.prefix, tc.gr, tc.crd); got != tc.want {
+			t.Errorf("KeyPrefix(%q, %s, %v) = %q, want %q", tc.prefix, tc.gr, tc.crd, got, tc.want)
+		}
+	}
+}
