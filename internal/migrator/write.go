@@ -239,18 +239,48 @@ func (mg *migration) rewriteObject(ctx context.Context, obj *metav1.PartialObjec
 }
 
 // lookup reads obj's metadata as it is now, or nil when it is gone. It lists
-// with a field selector on the name rather than getting the object, so a
-// migration needs no get permission, and the list is metadata only. A list
-// that answers 404 comes from an API server that does not serve this
-// version (yet: HA, starting up) or from a proxy, and proves nothing about
-// the object: it is transient.
+// rather than getting the object, so a migration needs no get permission,
+// and the list is metadata only: one object, from obj's key, at a
+// resourceVersion of now (from a one-CRD list, as isolation takes it). That
+// list has a limit and no selector, so the API server answers it from etcd
+// while its watch cache of the resource is not ready. A list by field
+// selector on the name, which only that cache answers, took minutes of 429s
+// "storage is (re)initializing" for as long as another object of the
+// resource could not be converted and so kept the cache from starting; it
+// is what lookup falls back to where CRDs may not be listed. A list that
+// answers 404 comes from an API server that does not serve this version
+// (yet: HA, starting up) or from a proxy, and proves nothing about the
+// object: it is transient.
 func (mg *migration) lookup(ctx context.Context, obj *metav1.PartialObjectMetadata) (*metav1.PartialObjectMetadata, error) {
+	c := mg.client(obj.Namespace)
+	for attempt := 0; ; attempt++ {
+		rv, err := mg.currentResourceVersion(ctx)
+		if apierrors.IsForbidden(err) {
+			return mg.lookupBySelector(ctx, obj)
+		}
+		if err != nil {
+			return nil, err
+		}
+		list, err := c.List(ctx, metav1.ListOptions{Limit: 1, Continue: encodeContinue(cleanStart(obj.Name), rv)})
+		if apierrors.IsResourceExpired(err) && attempt < 2 {
+			continue // compacted between the two lists
+		}
+		if err != nil {
+			return nil, lookupError(err)
+		}
+		metadataOnly(list.Items)
+		if len(list.Items) == 1 && list.Items[0].Name == obj.Name {
+			return &list.Items[0], nil
+		}
+		return nil, nil
+	}
+}
+
+// lookupBySelector is lookup by a list with a field selector on the name.
+func (mg *migration) lookupBySelector(ctx context.Context, obj *metav1.PartialObjectMetadata) (*metav1.PartialObjectMetadata, error) {
 	list, err := mg.client(obj.Namespace).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", obj.Name).String()})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, apierrors.NewServiceUnavailable("listing the object by name answered 404: " + Message(err))
-	case err != nil:
-		return nil, err
+	if err != nil {
+		return nil, lookupError(err)
 	}
 	metadataOnly(list.Items)
 	for i := range list.Items {
@@ -259,6 +289,13 @@ func (mg *migration) lookup(ctx context.Context, obj *metav1.PartialObjectMetada
 		}
 	}
 	return nil, nil
+}
+
+func lookupError(err error) error {
+	if apierrors.IsNotFound(err) {
+		return apierrors.NewServiceUnavailable("listing the object by name answered 404: " + Message(err))
+	}
+	return err
 }
 
 // unconfirmed rewords a 409 or 404 that a look at the object showed not to
