@@ -7,8 +7,10 @@ import (
 	"sync/atomic"
 )
 
-// relay accepts TCP connections on a loopback port and hands each to handle;
-// close ends the listener and every connection it tracks.
+// relay accepts TCP connections on a port of one of this host's addresses
+// (loopback, or the host end of an API server's veth pair, netns.go) and
+// hands each to handle; close ends the listener and every connection it
+// tracks.
 type relay struct {
 	listener net.Listener
 
@@ -18,8 +20,9 @@ type relay struct {
 	wg     sync.WaitGroup
 }
 
-func listenRelay(handle func(*relay, net.Conn)) (*relay, error) {
-	listener, err := net.Listen("tcp", "127.0.0.1:0")
+// listenRelayOn starts a relay on a free port of host.
+func listenRelayOn(host string, handle func(*relay, net.Conn)) (*relay, error) {
+	listener, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, err
 	}
@@ -106,8 +109,15 @@ func pipe(client, server net.Conn, fromServer func(client, server net.Conn)) {
 // until either end closes it: the API servers' --goaway-chance makes clients
 // move.
 func newBalancer(backends []string) (*relay, error) {
+	return newBalancerOn("127.0.0.1", backends)
+}
+
+// newBalancerOn is newBalancer listening on host; with one backend it is a
+// plain forwarder (etcd's client port, for an API server in a network
+// namespace of its own).
+func newBalancerOn(host string, backends []string) (*relay, error) {
 	var next atomic.Uint64
-	return listenRelay(func(r *relay, client net.Conn) {
+	return listenRelayOn(host, func(r *relay, client net.Conn) {
 		server, err := r.dial(backends[(next.Add(1)-1)%uint64(len(backends))])
 		if err != nil {
 			return // the client sees its connection closed, as behind a balancer whose backend is down

@@ -46,6 +46,17 @@ type Options struct {
 	// what SetWatchLag sets (nothing at first): it sees a CRD update, and so
 	// switches the CRD's storage version, that much later than the others.
 	LaggingAPIServer bool
+	// OwnAddresses runs every API server (APIServers of them, at least one)
+	// in a network namespace of its own, on an address of its own that it
+	// publishes in the default/kubernetes Service's endpoints, with a
+	// serving certificate for that address and the Service's names, as a
+	// production control plane's servers are (ownaddresses.go). It needs
+	// root (or CAP_NET_ADMIN and CAP_SYS_ADMIN).
+	OwnAddresses bool
+	// SharedHostName, with OwnAddresses, gives every API server the same
+	// host name, and so one identity Lease for all of them, as on control
+	// planes whose servers run in containers of one name.
+	SharedHostName bool
 	// StorageVersionMigrations serves the standard StorageVersionMigration
 	// API (storagemigration.k8s.io) in every version the build has past
 	// alpha: v1 and v1beta1 from 1.37, v1beta1 in 1.35 and 1.36 (beta, off
@@ -82,6 +93,14 @@ type ControlPlane struct {
 	extra    []*extraAPIServer
 	balancer *relay
 	lag      *lagProxy
+
+	// With OwnAddresses (ownaddresses.go): every server is one of extra,
+	// each in one of networks, reaching etcd through one of forwards (or
+	// lag), with its certificate in pkiDir.
+	ownAddresses bool
+	networks     []*hostNetwork
+	forwards     []*relay
+	pkiDir       string
 }
 
 // Start starts etcd and kube-apiserver from the binaries in KUBEBUILDER_ASSETS.
@@ -114,14 +133,23 @@ func Start(opts Options) (*ControlPlane, error) {
 	// limit of 5 requests a second would make them crawl.
 	cfg.QPS, cfg.Burst = 2000, 4000
 	cp := &ControlPlane{Config: cfg, Scheme: scheme, environment: environment}
-	if opts.APIServers > 1 {
+	switch {
+	case opts.OwnAddresses:
+		opts.APIServers = max(1, opts.APIServers)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		err := cp.startOwnAddresses(ctx, opts)
+		cancel()
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("starting %d API servers on addresses of their own: %w", opts.APIServers, err), cp.stopHA(), environment.Stop())
+		}
+	case opts.APIServers > 1:
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		err := cp.startHA(ctx, opts)
 		cancel()
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("starting %d API servers: %w", opts.APIServers, err), cp.stopHA(), environment.Stop())
 		}
-	} else if opts.LaggingAPIServer {
+	case opts.LaggingAPIServer:
 		return nil, errors.Join(errors.New("LaggingAPIServer needs APIServers of 2 or more"), environment.Stop())
 	}
 	if cp.Client, err = client.NewWithWatch(cp.Config, client.Options{Scheme: scheme}); err != nil {
@@ -129,7 +157,7 @@ func Start(opts Options) (*ControlPlane, error) {
 	}
 	cp.first = cp.Client
 	if cp.Config != cfg {
-		if cp.first, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		if cp.first, err = client.New(cp.ServerConfig(0), client.Options{Scheme: scheme}); err != nil {
 			return nil, errors.Join(err, cp.stopHA(), environment.Stop())
 		}
 	}
@@ -198,6 +226,7 @@ func (e *ControlPlane) ConfigAs(user string, groups ...string) (*rest.Config, er
 	}
 	cfg := added.Config()
 	cfg.Host = e.Config.Host
+	cfg.CAData = e.Config.CAData
 	cfg.QPS, cfg.Burst = e.Config.QPS, e.Config.Burst
 	return cfg, nil
 }

@@ -248,7 +248,7 @@ func canaryRefused(err error) (again, never bool) {
 // a migration pass uses. With several API servers the others may lag
 // (SetWatchLag): a storage switch waits for the first only.
 func (e *ControlPlane) WaitForCRD(ctx context.Context, name string) error {
-	return e.waitForCRDOn(ctx, e.environment.Config, name)
+	return e.waitForCRDOn(ctx, e.ServerConfig(0), name)
 }
 
 // waitForCRDEverywhere waits for the CRD on every API server: a CRD just

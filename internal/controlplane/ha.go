@@ -10,11 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vishvananda/netns"
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -31,8 +34,12 @@ import (
 // counting Leases would see one server.
 
 // hostnameEnv, when set in this process's environment, makes it take that
-// host name and become the program in its arguments (see init).
-const hostnameEnv = "RESTOW_CONTROLPLANE_HOSTNAME"
+// host name and become the program in its arguments (see init); netnsEnv
+// makes it join that network namespace first (netns.go).
+const (
+	hostnameEnv = "RESTOW_CONTROLPLANE_HOSTNAME"
+	netnsEnv    = "RESTOW_CONTROLPLANE_NETNS"
+)
 
 // init runs an extra API server: startExtraAPIServer starts this same
 // binary (a test, the demo) in a UTS namespace of its own with hostnameEnv
@@ -52,6 +59,20 @@ func init() {
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "controlplane: no program to run after setting the host name")
 		os.Exit(1)
+	}
+	if name := os.Getenv(netnsEnv); name != "" {
+		_ = os.Unsetenv(netnsEnv)
+		// A namespace is a thread's: this one joins it and executes the
+		// program, which keeps it.
+		runtime.LockOSThread()
+		ns, err := netns.GetFromName(name)
+		if err == nil {
+			err = netns.Set(ns)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "controlplane: joining network namespace %q: %v\n", name, err)
+			os.Exit(1)
+		}
 	}
 	err := syscall.Exec(os.Args[1], os.Args[1:], os.Environ())
 	fmt.Fprintf(os.Stderr, "controlplane: executing %s: %v\n", os.Args[1], err)
@@ -93,7 +114,7 @@ func (e *ControlPlane) startHA(ctx context.Context, opts Options) error {
 			etcd = "http://" + e.lag.addr()
 		}
 		args = append(args, "--etcd-servers="+etcd)
-		server, err := startExtraAPIServer(string(first[0]), args, fmt.Sprintf("restow-apiserver-%d", i))
+		server, err := startExtraAPIServer(string(first[0]), args, fmt.Sprintf("restow-apiserver-%d", i), "")
 		if err != nil {
 			return err
 		}
@@ -113,7 +134,12 @@ func (e *ControlPlane) startHA(ctx context.Context, opts Options) error {
 }
 
 // APIServers is how many kube-apiservers serve the control plane.
-func (e *ControlPlane) APIServers() int { return 1 + len(e.extra) }
+func (e *ControlPlane) APIServers() int {
+	if e.ownAddresses {
+		return len(e.extra)
+	}
+	return 1 + len(e.extra)
+}
 
 // SetWatchLag makes the lagging API server (Options.LaggingAPIServer) receive
 // etcd's watch events d late from now on: until d after a CRD update it
@@ -127,14 +153,17 @@ func (e *ControlPlane) SetWatchLag(d time.Duration) {
 }
 
 // startExtraAPIServer starts kube-apiserver with args under host name name
-// (see init).
-func startExtraAPIServer(binary string, args []string, name string) (*extraAPIServer, error) {
+// and, if network is set, in that network namespace (see init).
+func startExtraAPIServer(binary string, args []string, name, network string) (*extraAPIServer, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(self, append([]string{binary}, args...)...)
 	cmd.Env = append(os.Environ(), hostnameEnv+"="+name)
+	if network != "" {
+		cmd.Env = append(cmd.Env, netnsEnv+"="+network)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting API server %s (it needs a UTS namespace of its own, so root or CAP_SYS_ADMIN): %w", name, err)
@@ -159,6 +188,7 @@ func (e *ControlPlane) stopHA() error {
 	if e.lag != nil {
 		errs = append(errs, e.lag.close())
 	}
+	errs = append(errs, e.stopOwnAddresses())
 	return errors.Join(errs...)
 }
 
@@ -238,6 +268,8 @@ func (e *ControlPlane) pointAtBalancer(raw []byte) ([]byte, error) {
 	}
 	for _, cluster := range config.Clusters {
 		cluster.Server = e.Config.Host
+		// With OwnAddresses, the servers' CA besides envtest's.
+		cluster.CertificateAuthorityData = e.Config.CAData
 	}
 	return clientcmd.Write(*config)
 }
@@ -245,6 +277,11 @@ func (e *ControlPlane) pointAtBalancer(raw []byte) ([]byte, error) {
 // ServerConfig reaches API server i (0 is the first; with LaggingAPIServer
 // the last one lags) directly, not through the balancer, as an administrator.
 func (e *ControlPlane) ServerConfig(i int) *rest.Config {
+	if e.ownAddresses {
+		cfg := rest.CopyConfig(e.Config)
+		cfg.Host = e.extra[i].url
+		return cfg
+	}
 	cfg := rest.CopyConfig(e.environment.Config)
 	if i > 0 {
 		cfg.Host = e.extra[i-1].url

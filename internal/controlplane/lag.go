@@ -51,6 +51,11 @@ type lagProxy struct {
 // etcd client address such as 127.0.0.1:2379 (plain gRPC, as envtest runs
 // etcd).
 func newLagProxy(target string) (*lagProxy, error) {
+	return newLagProxyOn("127.0.0.1", target)
+}
+
+// newLagProxyOn is newLagProxy listening on host.
+func newLagProxyOn(host, target string) (*lagProxy, error) {
 	upstream, err := grpc.NewClient("passthrough:///"+target,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(
@@ -62,7 +67,7 @@ func newLagProxy(target string) (*lagProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	listener, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, errors.Join(err, upstream.Close())
 	}

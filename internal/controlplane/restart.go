@@ -33,6 +33,9 @@ func (e *ControlPlane) RestartAPIServer(ctx context.Context, down time.Duration)
 }
 
 func (e *ControlPlane) restartAPIServer(ctx context.Context, down time.Duration, onStopped func()) error {
+	if e.ownAddresses {
+		return errors.New("RestartAPIServer restarts envtest's API server, which Options.OwnAddresses retires")
+	}
 	pid, err := e.apiServerPID()
 	if err != nil {
 		return err

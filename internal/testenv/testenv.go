@@ -44,6 +44,13 @@ type Options struct {
 	// servers behind a balancer, one of them lagging; see controlplane.Options.
 	APIServers       int
 	LaggingAPIServer bool
+	// OwnAddresses runs each API server in a network namespace of its own,
+	// on an address of its own in the default/kubernetes Service's
+	// endpoints; see controlplane.Options.
+	OwnAddresses bool
+	// SharedHostName gives those servers one host name; see
+	// controlplane.Options.
+	SharedHostName bool
 	// StorageVersionMigrations serves the standard StorageVersionMigration
 	// API; see controlplane.Options.
 	StorageVersionMigrations bool
@@ -107,7 +114,7 @@ func Main(m *testing.M, opts Options, env **Env) {
 func (o Options) controlPlane() controlplane.Options {
 	return controlplane.Options{
 		CRDDirectoryPaths: o.CRDDirectoryPaths, APIServerArgs: o.APIServerArgs,
-		APIServers: o.APIServers, LaggingAPIServer: o.LaggingAPIServer,
+		APIServers: o.APIServers, LaggingAPIServer: o.LaggingAPIServer, OwnAddresses: o.OwnAddresses, SharedHostName: o.SharedHostName,
 		StorageVersionMigrations: o.StorageVersionMigrations,
 	}
 }
