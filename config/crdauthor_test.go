@@ -314,6 +314,7 @@ func assertHookRBACIsTight(t *testing.T, job *batchv1.Job, crdName, otherCRD str
 		{crd("list", "", ""), true},
 		{attrs{Verb: "list", Group: "storagemigration.k8s.io", Resource: "storageversionmigrations"}, true},
 		{attrs{Verb: "list", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system"}, true},
+		{attrs{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: "default"}, true},
 
 		{crontabs("get", "crd-author-a"), false},
 		{crontabs("watch", ""), false},
@@ -334,6 +335,8 @@ func assertHookRBACIsTight(t *testing.T, job *batchv1.Job, crdName, otherCRD str
 		{attrs{Verb: "get", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system"}, false},
 		{attrs{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system"}, false},
 		{attrs{Verb: "list", Group: "coordination.k8s.io", Resource: "leases", Namespace: job.Namespace}, false},
+		{attrs{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: job.Namespace}, false},
+		{attrs{Verb: "get", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: "default"}, false},
 		{attrs{Verb: "create", Group: "storagemigration.k8s.io", Resource: "storageversionmigrations"}, false},
 		{attrs{Verb: "list", Group: "migration.restow.dev", Resource: "storagemigrations"}, false},
 		{attrs{Verb: "list", Group: "crd-author.config.restow.dev", Resource: "gadgets"}, false},

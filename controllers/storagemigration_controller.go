@@ -79,9 +79,11 @@ type StorageMigrationReconciler struct {
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions/status,verbs=patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// Counting the API servers by their identity Leases in kube-system tells a
-// control plane of one, whose passes need not wait out the lag bound.
+// Counting the API servers by their identity Leases in kube-system and the
+// addresses in default/kubernetes's EndpointSlices tells a control plane of
+// one, whose passes need not wait out the lag bound.
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=list
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=list
 // Rewriting any resource needs list and patch on it, and update to write a
 // CRD's objects back as listed (without it, migrations patch: slower, as
 // safe); narrow this in config/rbac to the groups you migrate if you prefer.

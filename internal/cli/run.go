@@ -87,7 +87,7 @@ rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 	cmd.Flags().Int64Var(&opts.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page.")
 	cmd.Flags().DurationVar(&opts.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after the storage switch writes that began on the old storage may still commit: at least twice the API server's --request-timeout.")
 	cmd.Flags().DurationVar(&opts.lagBound, "apiserver-lag-bound", migrator.DefaultLagBound, "How long any API server may take to see a CRD update after another: with several API servers the pass waits this long after the switch before its first page.")
-	cmd.Flags().BoolVar(&opts.several, "assume-several-apiservers", false, "Wait for --apiserver-lag-bound without counting the API servers by their identity Leases (for API servers that share a host name).")
+	cmd.Flags().BoolVar(&opts.several, "assume-several-apiservers", false, "Wait for --apiserver-lag-bound without counting the API servers (for API servers that share a host name and publish no address of their own in default/kubernetes's endpoints).")
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", 0, "Give up after this long (0: no limit).")
 	addAllNamespacesFlag(cmd, &allNamespaces)
 	return cmd

@@ -3,9 +3,13 @@ package migrator
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,12 +36,20 @@ import (
 // requests.
 //
 // A control plane of one API server has no lag to wait for, and its first
-// pass starts informerLag after the gate, as it always did: Resolve counts
-// the API servers by their identity Leases in kube-system, and treats a count
-// it cannot read, or of none, as several. API servers that share a host name
-// share one identity Lease (kube-apiserver names it after a hash of the host
-// name), so such a control plane looks like one server: Migrator.AssumeSeveral
-// turns the count off.
+// pass starts informerLag after the gate, as it always did. Resolve counts
+// the API servers by every signal it can read and takes the largest count,
+// so that one signal saying "one" is not enough when another disagrees:
+//   - identity Leases in kube-system. API servers that share a host name
+//     share one (kube-apiserver names it after a hash of the host name), and
+//     API servers with APIServerIdentity off have none;
+//   - the addresses in the default/kubernetes Service's EndpointSlices, which
+//     every API server publishes (its --advertise-address) unless it runs
+//     with --endpoint-reconciler-type=none. Servers behind one address
+//     (a managed control plane's load balancer) show as one.
+// A signal it cannot read, or Leases of none, make the number unknown,
+// which means several. An EndpointSlice that lists no address (servers that
+// publish none, or only a loopback address, which the API refuses) says
+// nothing either way. Migrator.AssumeSeveral turns the count off.
 
 const (
 	// DefaultLagBound is how long any API server may take to see a CRD
@@ -51,7 +63,58 @@ const (
 	informerLag = time.Second
 	// identityLeaseLabel marks kube-apiserver's identity Leases in kube-system.
 	identityLeaseLabel = "apiserver.kubernetes.io/identity"
+	// kubernetesService is the Service whose endpoints are the API servers'
+	// addresses, in the default namespace.
+	kubernetesService = "kubernetes"
 )
+
+// apiServerSignal is what one source says of the number of API servers.
+type apiServerSignal struct {
+	// source names it for status: "identity Leases in kube-system".
+	source string
+	// count is what it says; 0 with unknown set when it could not tell, or
+	// with silent set when it says nothing either way.
+	count   int
+	unknown string
+	silent  bool
+	// detail adds what it saw, for status ("10.0.0.1, 10.0.0.2").
+	detail string
+}
+
+func (s apiServerSignal) String() string {
+	switch {
+	case s.unknown != "":
+		return s.source + ": unknown (" + s.unknown + ")"
+	case s.silent:
+		return s.source + ": none listed"
+	case s.detail != "":
+		return fmt.Sprintf("%s: %d (%s)", s.source, s.count, s.detail)
+	default:
+		return fmt.Sprintf("%s: %d", s.source, s.count)
+	}
+}
+
+// countAPIServers combines the signals: the largest count any of them
+// shows, 1 only if every signal that says anything says 1, and 0 (unknown,
+// with why) if a signal could not be read and none shows more than one.
+func countAPIServers(signals []apiServerSignal) (servers int, unknown string) {
+	var unknowns []string
+	for _, s := range signals {
+		servers = max(servers, s.count)
+		if s.unknown != "" {
+			unknowns = append(unknowns, s.String())
+		}
+	}
+	switch {
+	case servers > 1:
+		return servers, ""
+	case len(unknowns) > 0:
+		return 0, strings.Join(unknowns, "; ")
+	case servers == 0:
+		return 0, "no signal lists an API server"
+	}
+	return 1, ""
+}
 
 // lagWait is how long after Resolve saw the switch the last API server may
 // switch too (zero with one API server), and how many API servers Resolve
@@ -61,39 +124,94 @@ const (
 // servers, it would refuse a checkpoint taken with the count of one and make
 // the pass start over each time it happens. Any other failure (RBAC) is
 // stable, and means several.
-func (m *Migrator) lagWait(ctx context.Context) (wait time.Duration, servers int, unknown string, err error) {
+func (m *Migrator) lagWait(ctx context.Context) (wait time.Duration, servers int, signals string, err error) {
 	bound := m.LagBound
 	if bound <= 0 {
 		bound = DefaultLagBound
 	}
 	if m.AssumeSeveral {
-		return bound, 0, "the count of identity Leases is turned off (--assume-several-apiservers)", nil
+		return bound, 0, "the count of API servers is turned off (--assume-several-apiservers)", nil
 	}
+	leases, err := m.leaseSignal(ctx)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	endpoints, err := m.endpointSignal(ctx)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	all := []apiServerSignal{leases, endpoints}
+	servers, unknown := countAPIServers(all)
+	said := make([]string, 0, len(all))
+	for _, s := range all {
+		said = append(said, s.String())
+	}
+	signals = strings.Join(said, "; ")
+	if servers != 1 {
+		klog.FromContext(ctx).V(1).Info("Counted the API servers", "servers", servers, "signals", signals, "unknown", unknown)
+		return bound, servers, signals, nil
+	}
+	return 0, 1, signals, nil
+}
+
+// leaseSignal counts kube-apiserver's identity Leases in kube-system. Every
+// Lease counts, expired or not: one that looks expired may be a live
+// server's seen through a skewed clock, and a dead server's costs only the
+// wait until kube-apiserver collects it. A read that fails transiently is a
+// *TransientError; any other failure (RBAC) makes the signal unknown.
+func (m *Migrator) leaseSignal(ctx context.Context) (apiServerSignal, error) {
+	s := apiServerSignal{source: "identity Leases in kube-system"}
 	leases := &coordinationv1.LeaseList{}
-	err = m.Reader.List(ctx, leases, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{identityLeaseLabel: "kube-apiserver"})
+	err := m.Reader.List(ctx, leases, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{identityLeaseLabel: "kube-apiserver"})
 	switch {
 	case err != nil && classify(err) == transient:
-		return 0, 0, "", &TransientError{Err: fmt.Errorf("counting the API servers by their identity Leases in kube-system: %w", err)}
+		return s, &TransientError{Err: fmt.Errorf("counting the API servers by their identity Leases in kube-system: %w", err)}
 	case err != nil:
-		klog.FromContext(ctx).V(1).Info("Could not count the API servers; assuming several", "error", Message(err))
-		return bound, 0, "their identity Leases in kube-system could not be read: " + Message(err), nil
+		s.unknown = "could not be read: " + Message(err)
 	case len(leases.Items) == 0:
-		return bound, 0, "kube-system holds no identity Lease of an API server", nil
-	case len(leases.Items) == 1:
-		return 0, 1, "", nil
+		s.unknown = "none, as with APIServerIdentity off"
+	default:
+		s.count = len(leases.Items)
 	}
-	// Every Lease counts, expired or not: one that looks expired may be a
-	// live server's seen through a skewed clock, and a dead server's costs
-	// only the wait until kube-apiserver collects it.
-	return bound, len(leases.Items), "", nil
+	return s, nil
+}
+
+// endpointSignal counts the distinct addresses in the default/kubernetes
+// Service's EndpointSlices, ready or not.
+func (m *Migrator) endpointSignal(ctx context.Context) (apiServerSignal, error) {
+	s := apiServerSignal{source: "addresses in default/kubernetes's EndpointSlices"}
+	list := &discoveryv1.EndpointSliceList{}
+	err := m.Reader.List(ctx, list, client.InNamespace(metav1.NamespaceDefault), client.MatchingLabels{discoveryv1.LabelServiceName: kubernetesService})
+	switch {
+	case err != nil && classify(err) == transient:
+		return s, &TransientError{Err: fmt.Errorf("counting the API servers by the kubernetes Service's EndpointSlices: %w", err)}
+	case err != nil:
+		s.unknown = "could not be read: " + Message(err)
+		return s, nil
+	}
+	addresses := map[string]bool{}
+	for _, slice := range list.Items {
+		for _, e := range slice.Endpoints {
+			for _, a := range e.Addresses {
+				addresses[a] = true
+			}
+		}
+	}
+	if len(addresses) == 0 {
+		s.silent = true
+		return s, nil
+	}
+	s.count = len(addresses)
+	s.detail = strings.Join(slices.Sorted(maps.Keys(addresses)), ", ")
+	return s, nil
 }
 
 // LagMessage says why a migration of target waits until switchedBy before
 // its first pass, for status and the CLI.
 func LagMessage(target Target, switchedBy time.Time) string {
-	who := fmt.Sprintf("the control plane runs %d API servers (identity Leases in kube-system)", target.APIServers)
+	who := fmt.Sprintf("the control plane runs %d API servers (%s)", target.APIServers, target.APIServerSignals)
 	if target.APIServers == 0 {
-		who = "the number of API servers is unknown (" + target.APIServersUnknown + "), so restow assumes several"
+		who = "the number of API servers is unknown (" + target.APIServerSignals + "), so restow assumes several"
 	}
 	return fmt.Sprintf("Waiting until %s before the first pass, so that every API server stores at %s: %s, each switches when its own informer sees the CRD update, and restow assumes none lags more than %s (--apiserver-lag-bound); an answer from a server that has not switched proves nothing",
 		switchedBy.UTC().Format(time.RFC3339), target.TargetVersion(), who, target.LagWait)

@@ -238,9 +238,9 @@ type Target struct {
 	// from its end.
 	LagWait time.Duration
 	// APIServers is how many API servers Resolve counted for a CRD, or 0 when
-	// it could not tell (APIServersUnknown says why).
-	APIServers        int
-	APIServersUnknown string
+	// it could not tell; APIServerSignals says what each signal said.
+	APIServers       int
+	APIServerSignals string
 }
 
 // CRDState is what a migration remembers of a CRD when it begins.
@@ -401,20 +401,20 @@ func (m *Migrator) resolveCRD(ctx context.Context, crd *apiextensionsv1.CustomRe
 	}
 	// One API server has switched; the others may follow up to the lag
 	// bound later.
-	lagWait, servers, unknown, err := m.lagWait(ctx)
+	lagWait, servers, signals, err := m.lagWait(ctx)
 	if err != nil {
 		return Target{}, err
 	}
 	// List and patch through the storage version: it is served, and objects
 	// already stored at it need no conversion.
 	return Target{
-		Resource:          schema.GroupVersionResource{Group: crd.Spec.Group, Version: state.StorageVersion, Resource: crd.Spec.Names.Plural},
-		Kind:              crd.Spec.Names.Kind,
-		Namespaced:        crd.Spec.Scope == apiextensionsv1.NamespaceScoped,
-		CRD:               state,
-		LagWait:           lagWait,
-		APIServers:        servers,
-		APIServersUnknown: unknown,
+		Resource:         schema.GroupVersionResource{Group: crd.Spec.Group, Version: state.StorageVersion, Resource: crd.Spec.Names.Plural},
+		Kind:             crd.Spec.Names.Kind,
+		Namespaced:       crd.Spec.Scope == apiextensionsv1.NamespaceScoped,
+		CRD:              state,
+		LagWait:          lagWait,
+		APIServers:       servers,
+		APIServerSignals: signals,
 	}, nil
 }
 
