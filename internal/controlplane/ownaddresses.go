@@ -7,12 +7,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"syscall"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -171,4 +173,29 @@ func (e *ControlPlane) stopOwnAddresses() error {
 		errs = append(errs, os.RemoveAll(e.pkiDir))
 	}
 	return errors.Join(errs...)
+}
+
+// APIServerSignals reads what a client in the cluster sees of its API
+// servers: the host names on their identity Leases in kube-system, and the
+// addresses in the default/kubernetes Service's EndpointSlices.
+func (e *ControlPlane) APIServerSignals(ctx context.Context) (hostnames, addresses []string, err error) {
+	leases := &coordinationv1.LeaseList{}
+	if err := e.Client.List(ctx, leases, client.InNamespace("kube-system"), client.MatchingLabels{identityLeaseLabel: "kube-apiserver"}); err != nil {
+		return nil, nil, err
+	}
+	for _, l := range leases.Items {
+		hostnames = append(hostnames, l.Labels[corev1.LabelHostname])
+	}
+	endpoints := &discoveryv1.EndpointSliceList{}
+	if err := e.Client.List(ctx, endpoints, client.InNamespace("default"), client.MatchingLabels{discoveryv1.LabelServiceName: "kubernetes"}); err != nil {
+		return nil, nil, err
+	}
+	for _, s := range endpoints.Items {
+		for _, ep := range s.Endpoints {
+			addresses = append(addresses, ep.Addresses...)
+		}
+	}
+	sort.Strings(hostnames)
+	sort.Strings(addresses)
+	return hostnames, addresses, nil
 }

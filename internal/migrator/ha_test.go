@@ -8,12 +8,8 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/testenv"
@@ -66,21 +62,8 @@ func TestMigrateBehindServersSharingAHostName(t *testing.T) {
 func waitForSignals(t *testing.T, ha *testenv.Env, leases, addresses int) {
 	t.Helper()
 	testenv.WaitProgress(t, "the API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
-		l := &coordinationv1.LeaseList{}
-		if err := ha.Client.List(ctx, l, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{"apiserver.kubernetes.io/identity": "kube-apiserver"}); err != nil {
-			return false, "", err
-		}
-		list := &discoveryv1.EndpointSliceList{}
-		if err := ha.Client.List(ctx, list, client.InNamespace(metav1.NamespaceDefault), client.MatchingLabels{discoveryv1.LabelServiceName: "kubernetes"}); err != nil {
-			return false, "", err
-		}
-		n := 0
-		for _, s := range list.Items {
-			for _, e := range s.Endpoints {
-				n += len(e.Addresses)
-			}
-		}
-		return len(l.Items) == leases && n == addresses, fmt.Sprintf("%d identity Leases, %d addresses", len(l.Items), n), nil
+		hostnames, listed, err := ha.APIServerSignals(ctx)
+		return len(hostnames) == leases && len(listed) == addresses, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, listed), err
 	})
 }
 

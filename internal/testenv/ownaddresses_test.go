@@ -4,19 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net"
 	"os"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
-
-	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/testenv"
 )
@@ -39,36 +33,14 @@ func TestAPIServersOnAddressesOfTheirOwn(t *testing.T) {
 		}
 	})
 	cp := testenv.Start(t, testenv.Options{APIServers: 2, OwnAddresses: true})
-	ctx := testenv.Context(t, 2*time.Minute)
 
-	var addresses []string
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		list := &discoveryv1.EndpointSliceList{}
-		if err := cp.Client.List(ctx, list, client.InNamespace(metav1.NamespaceDefault), client.MatchingLabels{discoveryv1.LabelServiceName: "kubernetes"}); err != nil {
-			return false, err
-		}
-		addresses = nil
-		for _, s := range list.Items {
-			for _, e := range s.Endpoints {
-				addresses = append(addresses, e.Addresses...)
-			}
-		}
-		return len(addresses) == 2, nil
+	var hostnames, addresses []string
+	testenv.WaitProgress(t, "both servers' addresses in default/kubernetes", time.Minute, func(ctx context.Context) (bool, string, error) {
+		var err error
+		hostnames, addresses, err = cp.APIServerSignals(ctx)
+		return len(addresses) == 2, fmt.Sprintf("Leases of %v, addresses %v", hostnames, addresses), err
 	})
-	if err != nil {
-		t.Fatalf("default/kubernetes's EndpointSlices list %v, want the 2 servers' addresses: %v", addresses, err)
-	}
 	t.Logf("default/kubernetes's endpoints: %v", addresses)
-
-	leases := &coordinationv1.LeaseList{}
-	if err := cp.Client.List(ctx, leases, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{"apiserver.kubernetes.io/identity": "kube-apiserver"}); err != nil {
-		t.Fatal(err)
-	}
-	hostnames := make([]string, 0, len(leases.Items))
-	for _, l := range leases.Items {
-		hostnames = append(hostnames, l.Labels[corev1.LabelHostname])
-	}
-	slices.Sort(hostnames)
 	if want := []string{"restow-apiserver-0", "restow-apiserver-1"}; !slices.Equal(hostnames, want) {
 		t.Errorf("identity Leases of %v, want %v", hostnames, want)
 	}
