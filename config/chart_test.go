@@ -310,10 +310,12 @@ func TestChartManagerArgs(t *testing.T) {
 			"autoMigrate": false, "autoMigrateSelector": "app.kubernetes.io/part-of=shop", "concurrency": 8, "pageSize": 100,
 			"deferToStorageVersionMigrations": false, "serveStorageVersionMigrations": true,
 			"settleWindow": "5m", "statusInterval": "10s", "logLevel": "debug", "extraArgs": []any{"--log-encoding=console"},
+			"apiServerLagLimit": "20m", "apiServers": []any{"10.0.0.11:6443", "[fd00::12]:6443"},
 		}, []string{
 			"--auto-migrate=false", "--auto-migrate-selector=app.kubernetes.io/part-of=shop",
 			"--defer-to-storage-version-migrations=false", "--serve-storage-version-migrations", "--concurrency=8", "--page-size=100",
-			"--settle-window=5m", "--status-interval=10s", "--log-level=debug", "--log-encoding=console",
+			"--settle-window=5m", "--apiserver-lag-limit=20m", "--apiservers=10.0.0.11:6443,[fd00::12]:6443",
+			"--status-interval=10s", "--log-level=debug", "--log-encoding=console",
 		}},
 		{"autoMigrate true is the binary's default", map[string]any{"autoMigrate": true}, nil},
 	} {
@@ -345,6 +347,8 @@ func TestChartValuesSchema(t *testing.T) {
 		{"statusInterval without a unit", map[string]any{"statusInterval": "5"}, []string{"statusInterval"}},
 		{"settleWindow zero", map[string]any{"settleWindow": "0s"}, []string{"/settleWindow"}},
 		{"apiServerLagBound zero", map[string]any{"apiServerLagBound": "0m0.0s"}, []string{"/apiServerLagBound"}},
+		{"apiServers without a port", map[string]any{"apiServers": []any{"10.0.0.11"}}, []string{"/apiServers/0"}},
+		{"apiServerLagLimit not a duration", map[string]any{"apiServerLagLimit": "10"}, []string{"/apiServerLagLimit"}},
 		{"maxConcurrentPasses too many", map[string]any{"maxConcurrentPasses": 65}, []string{"/maxConcurrentPasses"}},
 		{"logLevel unknown", map[string]any{"logLevel": "verbose"}, []string{"logLevel"}},
 		{"replicaCount zero", map[string]any{"replicaCount": 0}, []string{"replicaCount"}},

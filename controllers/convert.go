@@ -54,6 +54,7 @@ func statusProgress(p migrator.Progress) *migrationv1alpha1.PassProgress {
 		CRDGeneration:            p.CRDGeneration,
 		ListResourceVersion:      p.ListResourceVersion,
 		WindowEndResourceVersion: p.WindowEnd,
+		AllAPIServersSwitched:    p.AllSwitched,
 	}
 	if p.Phase != migrator.PhaseRewriting && !p.SettleUntil.IsZero() {
 		progress.SettleUntil = &metav1.Time{Time: p.SettleUntil}
@@ -98,6 +99,7 @@ func checkpoint(status *migrationv1alpha1.StorageMigrationStatus) *migrator.Chec
 		Phase:               phase,
 		StartTime:           p.StartTime.Time,
 		LagWait:             lagWait,
+		AllSwitched:         p.AllAPIServersSwitched,
 		TargetVersion:       status.TargetVersion,
 		CRDUID:              types.UID(p.CRDUID),
 		CRDGeneration:       p.CRDGeneration,

@@ -29,5 +29,6 @@ func NewMigrator(mgr ctrl.Manager) (*migrator.Migrator, error) {
 		Discovery: disco,
 		Mapper:    mgr.GetRESTMapper(),
 		Throttle:  throttle,
+		Config:    cfg,
 	}, nil
 }

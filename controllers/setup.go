@@ -38,6 +38,11 @@ type Options struct {
 	// see migrator.Migrator.
 	LagBound      time.Duration
 	AssumeSeveral bool
+	// APIServerAddresses and LagLimit: API servers besides those in
+	// default/kubernetes's EndpointSlices, and how long a pass waits at
+	// most for one that has not switched; see migrator.Migrator.
+	APIServerAddresses []string
+	LagLimit           time.Duration
 	// MaxPasses bounds the passes that list and rewrite at once; zero means
 	// the migrator's default.
 	MaxPasses int
@@ -67,6 +72,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return err
 	}
 	m.LagBound, m.AssumeSeveral, m.MaxPasses = opts.LagBound, opts.AssumeSeveral, opts.MaxPasses
+	m.APIServerAddresses, m.LagLimit = opts.APIServerAddresses, opts.LagLimit
 	m.SlotsChanged = func(running int) { passesRunning.Set(float64(running)) }
 	recorder := mgr.GetEventRecorder("restow")
 	version, err := svm.ServedVersion(m.Discovery)

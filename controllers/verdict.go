@@ -88,6 +88,8 @@ func runUnderWay(target migrator.Target, p migrator.Progress, status *migrationv
 		return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+p.Retrying)
 	case p.WaitingForSlot:
 		return reconciling(migrationv1alpha1.ProgressingReason, "Waiting for one of the passes that run at once (--max-concurrent-passes) to end")
+	case p.Phase == migrator.PhaseRewriting && p.Done() == 0 && p.Switching != "":
+		return reconciling(migrationv1alpha1.WaitingForStorageVersionReason, p.Switching)
 	case p.Phase == migrator.PhaseRewriting && p.Done() == 0 && now.Before(p.SwitchedBy):
 		return reconciling(migrationv1alpha1.WaitingForStorageVersionReason, migrator.LagMessage(target, p.SwitchedBy))
 	case p.Phase == migrator.PhaseSettling:

@@ -226,18 +226,27 @@ type PassProgress struct {
 	Phase PassPhase `json:"phase,omitempty"`
 
 	// lagWait is how long after startTime the pass waited before its first
-	// page, so that every API server stores at the target version: the
-	// operator's --apiserver-lag-bound when the control plane runs several
-	// API servers or their number is unknown; absent with one (its first
-	// page comes a second after the switch). The settle window counts from
-	// startTime plus lagWait. A pass resumes only from progress that waited
-	// at least as long as it would.
+	// page, so that every API server stores at the target version. With
+	// several API servers (or an unknown number): until each showed the
+	// target in its own discovery, plus a second (allAPIServersSwitched is
+	// then true), or else the operator's --apiserver-lag-bound; absent with
+	// one (its first page comes a second after the switch). The settle
+	// window counts from startTime plus lagWait. A pass resumes only from
+	// progress that waited at least as long as it would, or saw every API
+	// server switch.
 	// +optional
 	LagWait *metav1.Duration `json:"lagWait,omitempty"`
 
+	// allAPIServersSwitched is true once every API server counted showed
+	// the target version in its own discovery (its storageVersionHash),
+	// read at its own address, before the first page.
+	// +optional
+	AllAPIServersSwitched bool `json:"allAPIServersSwitched,omitempty"`
+
 	// switchedBy is startTime plus lagWait: when every API server stores at
-	// the target version, by the lag bound. The first page is listed then
-	// (a second after startTime at the earliest).
+	// the target version, as each server's discovery showed or by the lag
+	// bound. The first page is listed then (a second after startTime at the
+	// earliest).
 	// +optional
 	SwitchedBy *metav1.Time `json:"switchedBy,omitempty"`
 

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/restow/restow/internal/logging"
+	"github.com/restow/restow/internal/migrator"
 )
 
 // maxPasses bounds --max-concurrent-passes: each pass may hold pages of
@@ -139,6 +140,18 @@ func (o *options) validate() (labels.Selector, error) {
 			return positive("settle-window", o.settleWindow, " (at least twice the API server's --request-timeout)")
 		},
 		func() error { return positive("apiserver-lag-bound", o.lagBound, "") },
+		func() error {
+			if o.lagLimit < o.lagBound {
+				return usagef("--apiserver-lag-limit must be at least --apiserver-lag-bound (%s), got %s", o.lagBound, o.lagLimit)
+			}
+			return nil
+		},
+		func() error {
+			if _, err := migrator.ParseAPIServerAddresses(o.apiServers); err != nil {
+				return usagef("--apiservers: %v", err)
+			}
+			return nil
+		},
 		func() error { return positive("stalled-retry-base", o.stalledRetryBase, "") },
 		func() error {
 			if o.stalledRetryMax < o.stalledRetryBase {

@@ -52,6 +52,8 @@ type options struct {
 	settleWindow         time.Duration
 	lagBound             time.Duration
 	assumeSeveral        bool
+	apiServers           string
+	lagLimit             time.Duration
 	stalledRetryBase     time.Duration
 	stalledRetryMax      time.Duration
 	autoMigrate          bool
@@ -91,7 +93,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Most objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency: each pass paces itself below it, to what the API server can take.")
 	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
 	fs.DurationVar(&o.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after it sees a storage switch a pass waits before it re-checks what others wrote and prunes status.storedVersions: writes that began on the old storage may commit until then. At least twice the API server's --request-timeout (default 60s).")
-	fs.DurationVar(&o.lagBound, "apiserver-lag-bound", migrator.DefaultLagBound, "How long any API server may take to see a CRD update after another has (its CRD informer's lag). With several API servers (the most that identity Leases in kube-system or the addresses in default/kubernetes's EndpointSlices show), or when their number is unknown, a pass waits this long after the storage switch before its first page, and the settle window counts from then: an answer from a server that has not switched proves nothing. One API server: one second.")
+	fs.DurationVar(&o.lagBound, "apiserver-lag-bound", migrator.DefaultLagBound, "How long any API server may take to see a CRD update after another has (its CRD informer's lag). With several API servers (the most that identity Leases in kube-system, the addresses in default/kubernetes's EndpointSlices or --apiservers show), or when their number is unknown, a pass reads each server's own discovery at its address and starts a second after the last one shows the switch; for a server it cannot reach or verify, it waits this long after the switch before its first page. The settle window counts from then: an answer from a server that has not switched proves nothing. One API server: one second.")
+	fs.StringVar(&o.apiServers, "apiservers", "", "Comma-separated host:port of API servers besides those in default/kubernetes's EndpointSlices (for servers behind one load balancer address): each counts as one, and restow reads its discovery there, verifying its certificate against the cluster's CA as kubernetes.default.svc.")
+	fs.DurationVar(&o.lagLimit, "apiserver-lag-limit", migrator.DefaultLagLimit, "How long after a storage switch a pass waits at most for an API server that it reaches and that still stores at the old version; then the migration stops, Stalled, with nothing rewritten or pruned, and is tried again later. At least --apiserver-lag-bound.")
 	fs.BoolVar(&o.assumeSeveral, "assume-several-apiservers", false, "Wait for --apiserver-lag-bound without counting the API servers: for control planes whose API servers share a host name (and so one identity Lease) and publish no address of their own in default/kubernetes's endpoints.")
 	fs.DurationVar(&o.statusInterval, "status-interval", 5*time.Second, "How often a running pass writes its progress into status.")
 	fs.DurationVar(&o.stalledRetryBase, "stalled-retry-base", 30*time.Second, "First delay before a Stalled migration is tried again; doubles each time.")
@@ -203,6 +207,8 @@ func run(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// validate parsed it already.
+	apiServers, _ := migrator.ParseAPIServerAddresses(opts.apiServers)
 	cfg, err := loadConfig(opts.kubeconfig)
 	if err != nil {
 		return err
@@ -256,6 +262,8 @@ func run(args []string, stdout io.Writer) error {
 		SettleWindow:        opts.settleWindow,
 		LagBound:            opts.lagBound,
 		AssumeSeveral:       opts.assumeSeveral,
+		APIServerAddresses:  apiServers,
+		LagLimit:            opts.lagLimit,
 		StalledRetryBase:    opts.stalledRetryBase,
 		StalledRetryMax:     opts.stalledRetryMax,
 		AutoMigrate:         opts.autoMigrate,

@@ -125,6 +125,8 @@ func TestBadFlagValues(t *testing.T) {
 		{[]string{"run", "crontabs", "--settle-window=-2m"}, "--settle-window must be a positive duration, got -2m0s"},
 		{[]string{"run", "crontabs", "--settle-window=120"}, `--settle-window "120" is not a duration: a number with a unit`},
 		{[]string{"run", "crontabs", "--apiserver-lag-bound=0"}, "--apiserver-lag-bound must be a positive duration, got 0s"},
+		{[]string{"run", "crontabs", "--apiserver-lag-limit=1m", "--apiserver-lag-bound=2m"}, "--apiserver-lag-limit must be at least --apiserver-lag-bound (2m0s), got 1m0s"},
+		{[]string{"run", "crontabs", "--apiservers=[fd00::1]"}, `--apiservers: "[fd00::1]" is not host:port`},
 		{[]string{"run", "crontabs", "--timeout=-1m"}, "--timeout must be 0 (no limit) or positive, got -1m0s"},
 		{[]string{"run", "crontabs", "--dry-run=perhaps"}, `--dry-run "perhaps" is not true or false`},
 		{[]string{"run", "crontabs", "-n", "team-a", "-A"}, "--namespace and --all-namespaces cannot be used together"},

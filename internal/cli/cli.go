@@ -182,7 +182,7 @@ func (f *factory) clients(ctx context.Context) (*clients, error) {
 		watcher: watcher,
 		mapper:  mapper,
 		migrator: &migrator.Migrator{
-			Client: c, Reader: c, Metadata: meta, Objects: objects, Discovery: disco, Mapper: mapper, Throttle: throttle,
+			Client: c, Reader: c, Metadata: meta, Objects: objects, Discovery: disco, Mapper: mapper, Throttle: throttle, Config: cfg,
 		},
 	}, nil
 }
@@ -273,6 +273,22 @@ func between(name string, v, least, most int64) error {
 func positive(name string, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("--%s must be a positive duration, got %s", name, d)
+	}
+	return nil
+}
+
+// atLeast checks a duration flag that must not be below another's value.
+func atLeast(name string, d time.Duration, other string, least time.Duration) error {
+	if d < least {
+		return fmt.Errorf("--%s must be at least --%s (%s), got %s", name, other, least, d)
+	}
+	return nil
+}
+
+// apiServerList checks --apiservers.
+func apiServerList(list string) error {
+	if _, err := migrator.ParseAPIServerAddresses(list); err != nil {
+		return fmt.Errorf("--apiservers: %w", err)
 	}
 	return nil
 }

@@ -32,6 +32,8 @@ type runOptions struct {
 	pageSize     int64
 	settleWindow time.Duration
 	lagBound     time.Duration
+	lagLimit     time.Duration
+	apiServers   string
 	several      bool
 	timeout      time.Duration
 	namespace    string
@@ -86,7 +88,9 @@ rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 	cmd.Flags().IntVar(&opts.concurrency, "concurrency", migrator.DefaultConcurrency, "Most objects rewritten in parallel; the pass paces itself below it.")
 	cmd.Flags().Int64Var(&opts.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page.")
 	cmd.Flags().DurationVar(&opts.settleWindow, "settle-window", migrator.DefaultSettleWindow, "How long after the storage switch writes that began on the old storage may still commit: at least twice the API server's --request-timeout.")
-	cmd.Flags().DurationVar(&opts.lagBound, "apiserver-lag-bound", migrator.DefaultLagBound, "How long any API server may take to see a CRD update after another: with several API servers the pass waits this long after the switch before its first page.")
+	cmd.Flags().DurationVar(&opts.lagBound, "apiserver-lag-bound", migrator.DefaultLagBound, "How long any API server may take to see a CRD update after another: with several API servers the pass reads each one's discovery at its own address and starts once all show the switch; for a server it cannot reach or verify, it waits this long after the switch before its first page.")
+	cmd.Flags().DurationVar(&opts.lagLimit, "apiserver-lag-limit", migrator.DefaultLagLimit, "How long after the switch the pass waits at most for an API server it reaches that still stores at the old version; then it stops, with nothing rewritten or pruned. At least --apiserver-lag-bound.")
+	cmd.Flags().StringVar(&opts.apiServers, "apiservers", "", "Comma-separated host:port of API servers besides those in default/kubernetes's EndpointSlices: each counts as one, and the pass reads its discovery there (certificate verified as kubernetes.default.svc).")
 	cmd.Flags().BoolVar(&opts.several, "assume-several-apiservers", false, "Wait for --apiserver-lag-bound without counting the API servers (for API servers that share a host name and publish no address of their own in default/kubernetes's endpoints).")
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", 0, "Give up after this long (0: no limit).")
 	addAllNamespacesFlag(cmd, &allNamespaces)
@@ -100,6 +104,8 @@ func (o runOptions) validate() error {
 		between("page-size", o.pageSize, 1, maxPageSize),
 		positive("settle-window", o.settleWindow),
 		positive("apiserver-lag-bound", o.lagBound),
+		atLeast("apiserver-lag-limit", o.lagLimit, "apiserver-lag-bound", o.lagBound),
+		apiServerList(o.apiServers),
 		zeroOrPositive("timeout", o.timeout),
 	} {
 		if err != nil {
@@ -110,7 +116,9 @@ func (o runOptions) validate() error {
 }
 
 func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts runOptions) error {
-	c.migrator.LagBound, c.migrator.AssumeSeveral = opts.lagBound, opts.several
+	c.migrator.LagBound, c.migrator.AssumeSeveral, c.migrator.LagLimit = opts.lagBound, opts.several, opts.lagLimit
+	// validate parsed it already.
+	c.migrator.APIServerAddresses, _ = migrator.ParseAPIServerAddresses(opts.apiServers)
 	gr, err := c.resolveResource(arg)
 	if err != nil {
 		return err
@@ -155,6 +163,7 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	// The observer runs on the pass's goroutines: one at a time here.
 	var mu sync.Mutex
 	var phase migrator.Phase
+	var switching string
 	result, err := c.migrator.Migrate(ctx, target, migrator.Options{
 		Concurrency:  opts.concurrency,
 		PageSize:     opts.pageSize,
@@ -164,6 +173,13 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	}, func(p migrator.Progress) {
 		mu.Lock()
 		defer mu.Unlock()
+		if p.Switching != switching {
+			// What each API server shows while the pass waits for them.
+			switching = p.Switching
+			if switching != "" {
+				fmt.Fprintln(streams.ErrOut, switching+".")
+			}
+		}
 		if p.Phase == migrator.PhaseRewriting {
 			estimate := int64(-1)
 			if p.RemainingEstimate != nil {

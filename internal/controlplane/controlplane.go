@@ -57,6 +57,12 @@ type Options struct {
 	// host name, and so one identity Lease for all of them, as on control
 	// planes whose servers run in containers of one name.
 	SharedHostName bool
+	// UnpublishedAPIServer, with OwnAddresses and more than one API server,
+	// keeps the last one (the lagging one, with LaggingAPIServer) out of the
+	// default/kubernetes Service's endpoints
+	// (--endpoint-reconciler-type=none): a server that clients reach
+	// through the balancer but that no client finds an address of.
+	UnpublishedAPIServer bool
 	// StorageVersionMigrations serves the standard StorageVersionMigration
 	// API (storagemigration.k8s.io) in every version the build has past
 	// alpha: v1 and v1beta1 from 1.37, v1beta1 in 1.35 and 1.36 (beta, off
@@ -122,6 +128,12 @@ func Start(opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 	}
+	// envtest's API server listens on loopback, but would publish the
+	// host's own address (its default --advertise-address) in the
+	// kubernetes Service's endpoints, where restow reaches each API server
+	// it counts: no server on loopback publishes an address. Servers on
+	// addresses of their own publish theirs (ownaddresses.go).
+	environment.ControlPlane.GetAPIServer().Configure().Set("endpoint-reconciler-type", "none")
 	for flag, value := range opts.APIServerArgs {
 		environment.ControlPlane.GetAPIServer().Configure().Set(flag, value)
 	}

@@ -84,6 +84,9 @@ type extraAPIServer struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	url    string
+	// binary, args, name and network start it again (RestartOwnAPIServer).
+	binary, name, network string
+	args                  []string
 }
 
 // startHA starts the API servers beyond the first and the balancer in front
@@ -168,7 +171,7 @@ func startExtraAPIServer(binary string, args []string, name, network string) (*e
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting API server %s (it needs a UTS namespace of its own, so root or CAP_SYS_ADMIN): %w", name, err)
 	}
-	server := &extraAPIServer{cmd: cmd, exited: make(chan struct{})}
+	server := &extraAPIServer{cmd: cmd, exited: make(chan struct{}), binary: binary, args: args, name: name, network: network}
 	go func() {
 		_ = cmd.Wait()
 		close(server.exited)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,9 +21,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// securePort is the port of every API server on an address of its own: each
-// has its network namespace, so they need not differ.
-const securePort = "6443"
+// securePortFlag names kube-apiserver's port flag. Every API server on an
+// address of its own listens on envtest's server's port (each has its
+// network namespace, so they need not differ): the kubernetes Service,
+// which that server created, sends its endpoints' port there, and the
+// servers publish their addresses with it, as a control plane whose
+// servers share one port does.
+const securePortFlag = "--secure-port="
 
 // identityLeaseLabel marks kube-apiserver's identity Leases in kube-system.
 const identityLeaseLabel = "apiserver.kubernetes.io/identity"
@@ -50,6 +55,15 @@ func (e *ControlPlane) startOwnAddresses(ctx context.Context, opts Options) erro
 	cfg := rest.CopyConfig(e.environment.Config)
 	cfg.CAData = append(append([]byte{}, cfg.CAData...), ca.certPEM...)
 	etcd := hostPort(e.EtcdURL())
+	securePort := ""
+	for _, a := range first {
+		if p, ok := strings.CutPrefix(string(a), securePortFlag); ok {
+			securePort = p
+		}
+	}
+	if securePort == "" {
+		return errors.New("envtest's kube-apiserver has no --secure-port flag")
+	}
 	backends := make([]string, 0, opts.APIServers)
 	for i := range opts.APIServers {
 		network, err := newHostNetwork(i)
@@ -78,13 +92,16 @@ func (e *ControlPlane) startOwnAddresses(ctx context.Context, opts Options) erro
 		args := withoutFlag(first[1:], "secure-port", "bind-address", "advertise-address", "etcd-servers",
 			"tls-cert-file", "tls-private-key-file", "endpoint-reconciler-type")
 		args = append(args,
-			"--secure-port="+securePort,
+			securePortFlag+securePort,
 			"--bind-address="+network.server.String(),
 			"--advertise-address="+network.server.String(),
 			"--etcd-servers=http://"+etcdAddr,
 			"--tls-cert-file="+certFile,
 			"--tls-private-key-file="+keyFile,
 		)
+		if opts.UnpublishedAPIServer && i > 0 && i == opts.APIServers-1 {
+			args = append(args, "--endpoint-reconciler-type=none")
+		}
 		hostname := fmt.Sprintf("restow-apiserver-%d", i)
 		if opts.SharedHostName {
 			hostname = "restow-apiserver"
@@ -107,6 +124,26 @@ func (e *ControlPlane) startOwnAddresses(ctx context.Context, opts Options) erro
 	e.Config.Host = "https://" + e.balancer.addr()
 	e.ownAddresses = true
 	return e.retireEnvtestAPIServer(ctx)
+}
+
+// RestartOwnAPIServer stops API server i of those on addresses of their
+// own (SIGTERM, SIGKILL after APIServerShutdownGrace), as a rolling update
+// of the control plane would, and starts it again in its network namespace
+// with the same flags, address and certificate. It returns once the new
+// process answers /readyz.
+func (e *ControlPlane) RestartOwnAPIServer(ctx context.Context, i int) error {
+	if !e.ownAddresses || i < 0 || i >= len(e.extra) {
+		return fmt.Errorf("no API server %d on an address of its own", i)
+	}
+	old := e.extra[i]
+	Terminate(old.cmd.Process, old.exited, APIServerShutdownGrace)
+	server, err := startExtraAPIServer(old.binary, old.args, old.name, old.network)
+	if err != nil {
+		return err
+	}
+	server.url = old.url
+	e.extra[i] = server
+	return waitReady(ctx, e.Config, server.url)
 }
 
 // writeServingCert writes API server i's serving certificate and key.

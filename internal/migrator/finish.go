@@ -81,7 +81,7 @@ func (mg *migration) setPhase(phase Phase) {
 
 // settle waits until the settle window is over and notes its end.
 func (mg *migration) settle(ctx context.Context) error {
-	if err := pace.SleepUntil(ctx, mg.settleUntil); err != nil {
+	if err := pace.SleepUntil(ctx, mg.switchTimes().settleUntil); err != nil {
 		return err
 	}
 	return mg.closeWindow(ctx)
@@ -92,7 +92,7 @@ func (mg *migration) settle(ctx context.Context) error {
 // need no record, so that record stays bounded by the window, not by the
 // size of the resource.
 func (mg *migration) closeWindowAt(ctx context.Context) {
-	if pace.SleepUntil(ctx, mg.settleUntil) != nil {
+	if pace.SleepUntil(ctx, mg.switchTimes().settleUntil) != nil {
 		return
 	}
 	// Until it is read, the record of the pass's own writes grows: try

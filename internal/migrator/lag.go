@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -116,42 +119,63 @@ func countAPIServers(signals []apiServerSignal) (servers int, unknown string) {
 	return 1, ""
 }
 
+// census is what Resolve learns of the API servers: how many there are
+// (0 when it could not tell), what each signal said, and the addresses at
+// which restow can reach each one directly (switch.go).
+type census struct {
+	servers   int
+	signals   string
+	addresses []string
+}
+
 // lagWait is how long after Resolve saw the switch the last API server may
-// switch too (zero with one API server), and how many API servers Resolve
-// found (0 when it could not tell, with why).
+// switch too by the lag bound (zero with one API server), and what Resolve
+// found of the API servers.
 //
 // A read that fails transiently is a *TransientError: treated as several
 // servers, it would refuse a checkpoint taken with the count of one and make
 // the pass start over each time it happens. Any other failure (RBAC) is
 // stable, and means several.
-func (m *Migrator) lagWait(ctx context.Context) (wait time.Duration, servers int, signals string, err error) {
-	bound := m.LagBound
-	if bound <= 0 {
-		bound = DefaultLagBound
-	}
+func (m *Migrator) lagWait(ctx context.Context) (time.Duration, census, error) {
+	bound := m.lagBound()
 	if m.AssumeSeveral {
-		return bound, 0, "the count of API servers is turned off (--assume-several-apiservers)", nil
+		return bound, census{signals: "the count of API servers is turned off (--assume-several-apiservers)", addresses: m.APIServerAddresses}, nil
 	}
 	leases, err := m.leaseSignal(ctx)
 	if err != nil {
-		return 0, 0, "", err
+		return 0, census{}, err
 	}
-	endpoints, err := m.endpointSignal(ctx)
+	endpoints, addresses, err := m.endpointSignal(ctx)
 	if err != nil {
-		return 0, 0, "", err
+		return 0, census{}, err
 	}
 	all := []apiServerSignal{leases, endpoints}
+	if len(m.APIServerAddresses) > 0 {
+		all = append(all, apiServerSignal{source: "addresses named by --apiservers", count: len(m.APIServerAddresses), detail: strings.Join(m.APIServerAddresses, ", ")})
+		for _, a := range m.APIServerAddresses {
+			if !slices.Contains(addresses, a) {
+				addresses = append(addresses, a)
+			}
+		}
+	}
 	servers, unknown := countAPIServers(all)
 	said := make([]string, 0, len(all))
 	for _, s := range all {
 		said = append(said, s.String())
 	}
-	signals = strings.Join(said, "; ")
+	c := census{servers: servers, signals: strings.Join(said, "; "), addresses: addresses}
 	if servers != 1 {
-		klog.FromContext(ctx).V(1).Info("Counted the API servers", "servers", servers, "signals", signals, "unknown", unknown)
-		return bound, servers, signals, nil
+		klog.FromContext(ctx).V(1).Info("Counted the API servers", "servers", servers, "signals", c.signals, "unknown", unknown)
+		return bound, c, nil
 	}
-	return 0, 1, signals, nil
+	return 0, c, nil
+}
+
+func (m *Migrator) lagBound() time.Duration {
+	if m.LagBound <= 0 {
+		return DefaultLagBound
+	}
+	return m.LagBound
 }
 
 // leaseSignal counts kube-apiserver's identity Leases in kube-system. Every
@@ -177,43 +201,65 @@ func (m *Migrator) leaseSignal(ctx context.Context) (apiServerSignal, error) {
 }
 
 // endpointSignal counts the distinct addresses in the default/kubernetes
-// Service's EndpointSlices, ready or not.
-func (m *Migrator) endpointSignal(ctx context.Context) (apiServerSignal, error) {
+// Service's EndpointSlices, ready or not, and returns each as host:port
+// with the Service's https port, for restow to reach each server at.
+func (m *Migrator) endpointSignal(ctx context.Context) (apiServerSignal, []string, error) {
 	s := apiServerSignal{source: "addresses in default/kubernetes's EndpointSlices"}
 	list := &discoveryv1.EndpointSliceList{}
 	err := m.Reader.List(ctx, list, client.InNamespace(metav1.NamespaceDefault), client.MatchingLabels{discoveryv1.LabelServiceName: kubernetesService})
 	switch {
 	case err != nil && classify(err) == transient:
-		return s, &TransientError{Err: fmt.Errorf("counting the API servers by the kubernetes Service's EndpointSlices: %w", err)}
+		return s, nil, &TransientError{Err: fmt.Errorf("counting the API servers by the kubernetes Service's EndpointSlices: %w", err)}
 	case err != nil:
 		s.unknown = "could not be read: " + Message(err)
-		return s, nil
+		return s, nil, nil
 	}
 	addresses := map[string]bool{}
+	var reach []string
 	for _, slice := range list.Items {
+		port := httpsPort(slice.Ports)
 		for _, e := range slice.Endpoints {
 			for _, a := range e.Addresses {
 				addresses[a] = true
+				if hp := net.JoinHostPort(a, strconv.Itoa(int(port))); port > 0 && !slices.Contains(reach, hp) {
+					reach = append(reach, hp)
+				}
 			}
 		}
 	}
 	if len(addresses) == 0 {
 		s.silent = true
-		return s, nil
+		return s, nil, nil
 	}
 	s.count = len(addresses)
 	s.detail = strings.Join(slices.Sorted(maps.Keys(addresses)), ", ")
-	return s, nil
+	slices.Sort(reach)
+	return s, reach, nil
 }
 
-// LagMessage says why a migration of target waits until switchedBy before
-// its first pass, for status and the CLI.
+// httpsPort is the port of an EndpointSlice of the kubernetes Service: the
+// one named https, or the only one; 0 if it has none.
+func httpsPort(ports []discoveryv1.EndpointPort) int32 {
+	for _, p := range ports {
+		if p.Port != nil && (ptr.Deref(p.Name, "") == "https" || len(ports) == 1) {
+			return *p.Port
+		}
+	}
+	return 0
+}
+
+// LagMessage says why a migration of target waits until at most switchedBy
+// before its first pass, for status and the CLI.
 func LagMessage(target Target, switchedBy time.Time) string {
 	who := fmt.Sprintf("the control plane runs %d API servers (%s)", target.APIServers, target.APIServerSignals)
 	if target.APIServers == 0 {
 		who = "the number of API servers is unknown (" + target.APIServerSignals + "), so restow assumes several"
 	}
-	return fmt.Sprintf("Waiting until %s before the first pass, so that every API server stores at %s: %s, each switches when its own informer sees the CRD update, and restow assumes none lags more than %s (--apiserver-lag-bound); an answer from a server that has not switched proves nothing",
+	if len(target.APIServerAddresses) > 0 {
+		return fmt.Sprintf("Waiting for every API server to store at %s before the first pass: %s, and each switches when its own informer sees the CRD update; restow reads each server's own discovery at %s, and for any it cannot reach it waits until %s (--apiserver-lag-bound of %s)",
+			target.TargetVersion(), who, strings.Join(target.APIServerAddresses, ", "), switchedBy.UTC().Format(time.RFC3339), target.LagWait)
+	}
+	return fmt.Sprintf("Waiting until %s before the first pass, so that every API server stores at %s: %s, each switches when its own informer sees the CRD update, and with no address to reach each one at, restow assumes none lags more than %s (--apiserver-lag-bound); an answer from a server that has not switched proves nothing",
 		switchedBy.UTC().Format(time.RFC3339), target.TargetVersion(), who, target.LagWait)
 }
 

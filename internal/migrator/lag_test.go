@@ -1,6 +1,10 @@
 package migrator
 
-import "testing"
+import (
+	"slices"
+	"strings"
+	"testing"
+)
 
 // TestCountAPIServers: the largest count any signal shows; one only when
 // every signal that says anything says one; unknown when a signal could
@@ -33,5 +37,43 @@ func TestCountAPIServers(t *testing.T) {
 				t.Errorf("countAPIServers = %d (unknown %q), want %d (unknown: %v)", got, unknown, tc.want, tc.unknown)
 			}
 		})
+	}
+}
+
+// TestParseAPIServerAddresses: --apiservers takes host:port, IPv6 in
+// brackets, each once; anything else is refused with the entry named.
+func TestParseAPIServerAddresses(t *testing.T) {
+	got, err := ParseAPIServerAddresses(" 10.0.0.11:6443,[fd00::12]:6443,,apiserver-3.example:443,10.0.0.11:6443 ")
+	if want := []string{"10.0.0.11:6443", "[fd00::12]:6443", "apiserver-3.example:443"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("got %q, %v; want %q", got, err, want)
+	}
+	if got, err := ParseAPIServerAddresses(""); err != nil || got != nil {
+		t.Errorf("empty: got %q, %v; want none", got, err)
+	}
+	for _, bad := range []string{"10.0.0.11", ":6443", "10.0.0.11:http", "10.0.0.11:70000", "fd00::12:6443"} {
+		if _, err := ParseAPIServerAddresses(bad); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("%q: got %v, want an error naming it", bad, err)
+		}
+	}
+}
+
+// TestUncounted: restow can see every server only with at least as many
+// addresses as servers counted, and a count.
+func TestUncounted(t *testing.T) {
+	for _, tc := range []struct {
+		servers   int
+		addresses []string
+		blind     bool
+	}{
+		{2, []string{"a:1", "b:1"}, false},
+		{2, []string{"a:1", "b:1", "c:1"}, false},
+		{3, []string{"a:1", "b:1"}, true},
+		{0, []string{"a:1", "b:1"}, true},
+		{2, nil, true},
+	} {
+		got := uncounted(Target{APIServers: tc.servers, APIServerAddresses: tc.addresses, APIServerSignals: "signals"})
+		if (len(got) > 0) != tc.blind {
+			t.Errorf("%d servers at %v: %q, want blind %v", tc.servers, tc.addresses, got, tc.blind)
+		}
 	}
 }

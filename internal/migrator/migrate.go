@@ -40,18 +40,21 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	var window sync.WaitGroup
 	defer window.Wait()
 	defer cancel()
-	if target.CRD != nil {
-		window.Go(func() { mg.closeWindowAt(ctx) })
-	}
 	// Only a migration that may prune re-checks, and needs the record.
 	mg.recordWrites = target.CRD != nil && opts.Prune && !target.Partial()
 	if mg.progress().Phase == PhaseRewriting {
-		// No answer counts before every API server has switched (lag.go);
-		// the report shows until when.
+		// No answer counts before every API server has switched (lag.go,
+		// switch.go); the report shows until when, and the settle window
+		// counts from then.
 		mg.report()
-		if err := pace.SleepUntil(ctx, later(mg.switchedBy, mg.cp.StartTime.Add(informerLag))); err != nil {
+		if err := mg.awaitSwitch(ctx); err != nil {
 			return mg.result(), err
 		}
+	}
+	if target.CRD != nil {
+		window.Go(func() { mg.closeWindowAt(ctx) })
+	}
+	if mg.progress().Phase == PhaseRewriting {
 		if err := mg.pass(ctx, false); err != nil {
 			return mg.result(), err
 		}
@@ -101,8 +104,9 @@ func (m *Migrator) Rewrite(ctx context.Context, target Target, opts Options, obs
 	if err := mg.checkViaStatus(); err != nil {
 		return mg.result(), err
 	}
-	// Its checkpoint says it waited for every API server: it does (lag.go).
-	if err := pace.SleepUntil(ctx, mg.switchedBy); err != nil {
+	// Its checkpoint says it waited for every API server: it does (lag.go,
+	// switch.go).
+	if err := mg.awaitSwitch(ctx); err != nil {
 		return mg.result(), err
 	}
 	err := mg.pass(ctx, false)
@@ -146,6 +150,9 @@ type migration struct {
 	stopErr        error
 	// switchedBy is when every API server stores at the target version.
 	switchedBy time.Time
+	// switching says what the first pass waits for while it waits for API
+	// servers to switch (switch.go).
+	switching string
 	// proven records the resourceVersions the pass's own rewrites produced
 	// or confirmed after the list snapshot, until cp.WindowEnd is known, when
 	// recordWrites says the re-check will need them; see proof.go.

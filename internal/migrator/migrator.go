@@ -93,6 +93,22 @@ type Migrator struct {
 	// and waits for LagBound as with several: for control planes whose API
 	// servers share a host name, and so one Lease.
 	AssumeSeveral bool
+	// APIServerAddresses names API servers (host:port) besides those in
+	// default/kubernetes's EndpointSlices: each counts as one, and restow
+	// reaches it there to read its own discovery (switch.go).
+	APIServerAddresses []string
+	// LagLimit is how long after the switch a first pass waits at most
+	// for an API server that it reaches and that still stores at another
+	// version; then the migration stops, Stalled. Zero means
+	// DefaultLagLimit; it is never below LagBound.
+	LagLimit time.Duration
+	// Config, if set, is how restow reaches each API server at its own
+	// address: its credentials and certificate authority, with the server
+	// name of the kubernetes Service (switch.go). Without it, several API
+	// servers are waited for by LagBound alone.
+	Config *rest.Config
+	// probes holds a discovery client per API server address.
+	probes sync.Map
 }
 
 // DefaultMaxPasses is Migrator.MaxPasses by default: each pass holds a few
@@ -174,7 +190,7 @@ func NewForConfig(cfg *rest.Config, c client.Client) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{Client: c, Reader: c, Metadata: meta, Objects: objects, Discovery: disco, Mapper: mapper, Throttle: throttle}, nil
+	return &Migrator{Client: c, Reader: c, Metadata: meta, Objects: objects, Discovery: disco, Mapper: mapper, Throttle: throttle, Config: cfg}, nil
 }
 
 // ThrottledClients returns the clients of a Migrator's object requests, on
@@ -241,6 +257,12 @@ type Target struct {
 	// it could not tell; APIServerSignals says what each signal said.
 	APIServers       int
 	APIServerSignals string
+	// APIServerAddresses are where restow reaches each API server directly
+	// (host:port): the addresses in default/kubernetes's EndpointSlices and
+	// those Migrator.APIServerAddresses names. With several API servers the
+	// first pass waits until each shows the target in its own discovery
+	// (switch.go), rather than for the whole LagWait.
+	APIServerAddresses []string
 }
 
 // CRDState is what a migration remembers of a CRD when it begins.
@@ -401,20 +423,21 @@ func (m *Migrator) resolveCRD(ctx context.Context, crd *apiextensionsv1.CustomRe
 	}
 	// One API server has switched; the others may follow up to the lag
 	// bound later.
-	lagWait, servers, signals, err := m.lagWait(ctx)
+	lagWait, servers, err := m.lagWait(ctx)
 	if err != nil {
 		return Target{}, err
 	}
 	// List and patch through the storage version: it is served, and objects
 	// already stored at it need no conversion.
 	return Target{
-		Resource:         schema.GroupVersionResource{Group: crd.Spec.Group, Version: state.StorageVersion, Resource: crd.Spec.Names.Plural},
-		Kind:             crd.Spec.Names.Kind,
-		Namespaced:       crd.Spec.Scope == apiextensionsv1.NamespaceScoped,
-		CRD:              state,
-		LagWait:          lagWait,
-		APIServers:       servers,
-		APIServerSignals: signals,
+		Resource:           schema.GroupVersionResource{Group: crd.Spec.Group, Version: state.StorageVersion, Resource: crd.Spec.Names.Plural},
+		Kind:               crd.Spec.Names.Kind,
+		Namespaced:         crd.Spec.Scope == apiextensionsv1.NamespaceScoped,
+		CRD:                state,
+		LagWait:            lagWait,
+		APIServers:         servers.servers,
+		APIServerSignals:   servers.signals,
+		APIServerAddresses: servers.addresses,
 	}, nil
 }
 

@@ -1,5 +1,7 @@
 package migrator
 
+import "time"
+
 // What a migration reports: its result, and the progress its Observer sees
 // after every page and on every change of what it waits for.
 
@@ -19,12 +21,23 @@ func (mg *migration) report() {
 func (mg *migration) progress() Progress {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, SettleUntil: mg.settleUntil, WaitingForSlot: mg.waitingForSlot}
+	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, Switching: mg.switching, SettleUntil: mg.settleUntil, WaitingForSlot: mg.waitingForSlot}
 	if mg.pace != nil {
 		p.Concurrency = mg.pace.Limit()
 	}
 	p.Failures = append([]Failure(nil), mg.cp.Failures...)
 	return p
+}
+
+// switchTimes are when every API server stores at the target version, and
+// when the settle window ends: set as the migration begins, and again when
+// it knows every server switched (switch.go).
+type switchTimes struct{ by, settleUntil time.Time }
+
+func (mg *migration) switchTimes() switchTimes {
+	mg.mu.Lock()
+	defer mg.mu.Unlock()
+	return switchTimes{by: mg.switchedBy, settleUntil: mg.settleUntil}
 }
 
 // setWaitingForSlot says whether the pass waits for one of the passes

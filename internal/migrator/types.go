@@ -120,6 +120,10 @@ type Checkpoint struct {
 	// API server to store at the target version (lag.go); zero with one API
 	// server. The settle window counts from StartTime + LagWait.
 	LagWait time.Duration
+	// AllSwitched says that every API server restow counted showed the
+	// target version in its own discovery by StartTime + LagWait
+	// (switch.go), so that LagWait may be shorter than the lag bound.
+	AllSwitched bool
 	// TargetVersion, CRDUID and CRDGeneration bind the checkpoint to the
 	// CRD the migration began on.
 	TargetVersion string
@@ -139,14 +143,15 @@ type Checkpoint struct {
 }
 
 // Resumes reports whether cp was taken on the CRD and version of target, at
-// the same generation, and waited at least as long for every API server to
-// switch as target asks: only then may a migration go on from it. Otherwise
-// pages it passed may hold objects written at another version since, or
-// proven by an API server that had not switched.
+// the same generation, and waited for every API server to switch as target
+// asks (at least its LagWait, or until each server showed the switch):
+// only then may a migration go on from it. Otherwise pages it passed may
+// hold objects written at another version since, or proven by an API
+// server that had not switched.
 func (cp *Checkpoint) Resumes(target Target) bool {
 	// A migration limited to one namespace never resumes: its token would
 	// skip the namespaces before it in a migration of the whole resource.
-	if cp == nil || target.Partial() || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() || cp.LagWait < target.LagWait {
+	if cp == nil || target.Partial() || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() || !cp.waitedFor(target) {
 		return false
 	}
 	if target.CRD == nil {
@@ -168,12 +173,20 @@ func ResumeFrom(saved *Checkpoint, target Target) (cp *Checkpoint, resumed bool,
 		return saved, true, ""
 	}
 	switch {
-	case saved != nil && saved.LagWait < target.LagWait:
+	case saved != nil && !saved.waitedFor(target):
 		startOver = "starting over: the interrupted pass waited less for every API server to switch than this control plane needs"
 	case saved != nil:
 		startOver = "starting over: the CRD or the target version changed since the interrupted pass"
 	}
 	return NewCheckpoint(target), false, startOver
+}
+
+// waitedFor reports whether cp's first pass waited for every API server
+// that target counts: as long as target's LagWait, or until each showed
+// the switch in its own discovery (a server that joins later reads the CRD
+// as it is, so it has switched from its start).
+func (cp *Checkpoint) waitedFor(target Target) bool {
+	return cp.LagWait >= target.LagWait || cp.AllSwitched
 }
 
 // NewCheckpoint is the checkpoint of a migration of target that begins now,
@@ -194,8 +207,12 @@ type Progress struct {
 	// Retrying describes the transient error being retried, or is "".
 	Retrying string
 	// SwitchedBy is when every API server stores at the target version, by
-	// the lag bound: the first pass starts then (lag.go).
+	// the lag bound (lag.go), or by what each server showed once all did
+	// (switch.go): the first pass starts then.
 	SwitchedBy time.Time
+	// Switching, while the first pass waits for API servers to switch,
+	// says what each one shows (switch.go); "" otherwise.
+	Switching string
 	// SettleUntil is when the settle window ends.
 	SettleUntil time.Time
 	// Concurrency is the pace: how many rewrites the pass has in flight

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -49,9 +50,14 @@ func TestAPIServersOnAddressesOfTheirOwn(t *testing.T) {
 	if !pool.AppendCertsFromPEM(cp.Config.CAData) {
 		t.Fatal("no CA in the control plane's configuration")
 	}
+	// Every server listens on one port, the kubernetes Service's.
+	server, err := url.Parse(cp.ServerConfig(0).Host)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, address := range addresses {
 		dialer := &net.Dialer{Timeout: 5 * time.Second}
-		conn, err := tls.DialWithDialer(dialer, "tcp", net.JoinHostPort(address, "6443"), &tls.Config{RootCAs: pool, ServerName: "kubernetes.default.svc", MinVersion: tls.VersionTLS12})
+		conn, err := tls.DialWithDialer(dialer, "tcp", net.JoinHostPort(address, server.Port()), &tls.Config{RootCAs: pool, ServerName: "kubernetes.default.svc", MinVersion: tls.VersionTLS12})
 		if err != nil {
 			t.Errorf("%s: %v", address, err)
 			continue

@@ -51,6 +51,9 @@ type Options struct {
 	// SharedHostName gives those servers one host name; see
 	// controlplane.Options.
 	SharedHostName bool
+	// UnpublishedAPIServer keeps the last of those servers out of the
+	// Service's endpoints; see controlplane.Options.
+	UnpublishedAPIServer bool
 	// StorageVersionMigrations serves the standard StorageVersionMigration
 	// API; see controlplane.Options.
 	StorageVersionMigrations bool
@@ -114,7 +117,7 @@ func Main(m *testing.M, opts Options, env **Env) {
 func (o Options) controlPlane() controlplane.Options {
 	return controlplane.Options{
 		CRDDirectoryPaths: o.CRDDirectoryPaths, APIServerArgs: o.APIServerArgs,
-		APIServers: o.APIServers, LaggingAPIServer: o.LaggingAPIServer, OwnAddresses: o.OwnAddresses, SharedHostName: o.SharedHostName,
+		APIServers: o.APIServers, LaggingAPIServer: o.LaggingAPIServer, OwnAddresses: o.OwnAddresses, SharedHostName: o.SharedHostName, UnpublishedAPIServer: o.UnpublishedAPIServer,
 		StorageVersionMigrations: o.StorageVersionMigrations,
 	}
 }

@@ -80,6 +80,12 @@ manager.
 {{- with .Values.apiServerLagBound }}
 - --apiserver-lag-bound={{ . }}
 {{- end }}
+{{- with .Values.apiServerLagLimit }}
+- --apiserver-lag-limit={{ . }}
+{{- end }}
+{{- with .Values.apiServers }}
+- --apiservers={{ join "," . }}
+{{- end }}
 {{- if .Values.assumeSeveralAPIServers }}
 - --assume-several-apiservers
 {{- end }}

@@ -1,0 +1,352 @@
+package migrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/endpoints/discovery"
+	clientdiscovery "k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/restow/restow/internal/migrator/pace"
+)
+
+// Knowing that every API server has switched, rather than waiting out the
+// lag bound (lag.go counts the servers).
+//
+// Each API server publishes, in its own discovery, the storageVersionHash
+// of the version it stores a resource at. For a CRD, kube-apiserver's
+// discovery controller and its request handler read the same CRD informer:
+// once a server's discovery shows the hash of the target version, that
+// server's informer has seen the CRD update, and its handler drops the
+// storage of the old version as it handles the same event (informerLag is
+// the margin for the two to agree, as on one server). So restow reaches
+// each counted server at its own address (the default/kubernetes
+// EndpointSlices, or the addresses the user names), verifies its
+// certificate against the cluster's certificate authority under the
+// kubernetes Service's name, and reads that server's discovery of the
+// target's group version. The first pass starts informerLag after the last
+// server showed the target, and the settle window counts from then.
+//
+// Where restow cannot know, it falls back to the bound: a counted server
+// it has no address for (more servers counted than addresses), an address
+// it cannot reach or whose certificate does not verify, a client
+// configuration that verifies nothing. A server that it reaches and that
+// still stores at another version holds the first pass back for as long as
+// it does, past the bound, up to Migrator.LagLimit, and the migration then
+// stops, Stalled, with nothing rewritten or pruned.
+//
+// What a hash does not say: which generation of the CRD the server has
+// seen. A server that lags across a switch away and back (A to B to A
+// within its lag) shows A's hash for the older generation and will yet
+// store at B for a while. restow starts a new migration for every change of
+// the CRD's generation, and its prune is bound to the generation it began
+// on, but it cannot see a server's generation; docs/architecture.md says
+// what that leaves.
+
+const (
+	// APIServerServiceName is the name an API server's serving certificate
+	// is verified against: the kubernetes Service's, which every API
+	// server's certificate carries.
+	APIServerServiceName = "kubernetes.default.svc"
+	// DefaultLagLimit is Migrator.LagLimit by default.
+	DefaultLagLimit = 10 * time.Minute
+	// switchPoll spaces the reads of every API server's discovery.
+	switchPoll = 250 * time.Millisecond
+	// probeTimeout bounds one read of one server's discovery.
+	probeTimeout = 5 * time.Second
+)
+
+// serverSwitch is what one read of an API server's discovery showed.
+type serverSwitch struct {
+	address string
+	// stores is the version the server stores the target at, by its hash;
+	// "" when err is set, or "another version" when the hash names none
+	// of the versions Resolve knew.
+	stores string
+	// err says why the server could not be reached or verified.
+	err string
+}
+
+// switchState is what the wait for every API server has seen so far.
+type switchState struct {
+	// switched holds the addresses seen storing at the target: a server
+	// does not go back for the same generation of the CRD, and one that
+	// restarts reads the CRD as it is.
+	switched map[string]bool
+	// lagging holds since when each server reached has shown another
+	// version.
+	lagging map[string]time.Time
+	// lastSwitch is when the last server was first seen switched.
+	lastSwitch time.Time
+}
+
+// awaitSwitch waits until every API server stores at the target version,
+// sets when that was (switchedBy, and the settle window from it), and
+// returns. With one API server that is informerLag after Resolve saw the
+// switch; with several, when each showed it in its own discovery, or, for
+// servers restow cannot reach, the lag bound.
+func (mg *migration) awaitSwitch(ctx context.Context) error {
+	mg.mu.Lock()
+	by, allSwitched := mg.switchedBy, mg.cp.AllSwitched
+	mg.mu.Unlock()
+	if mg.target.LagWait == 0 || allSwitched || mg.target.CRD == nil || !time.Now().Before(by) {
+		return pace.SleepUntil(ctx, later(by, mg.cp.StartTime.Add(informerLag)))
+	}
+	bound := by
+	limit := bound.Add(max(mg.m.lagLimit(), mg.m.lagBound()) - mg.cp.LagWait)
+	state := &switchState{switched: map[string]bool{}, lagging: map[string]time.Time{}}
+	gvk := mg.target.Resource.GroupVersion().WithKind(mg.target.Kind)
+	want := discovery.StorageVersionHash(gvk.Group, gvk.Version, gvk.Kind)
+	versions := slices.Concat(mg.target.CRD.ServedVersions, mg.target.CRD.StoredVersions)
+	log := klog.FromContext(ctx)
+	err := pollUntil(ctx, switchPoll, func(ctx context.Context) (bool, error) {
+		seen := mg.m.readSwitch(ctx, mg.target, want, versions)
+		now := time.Now()
+		unreachable := uncounted(mg.target)
+		var late []string
+		for _, s := range seen {
+			switch {
+			case s.err != "":
+				if !state.switched[s.address] {
+					unreachable = append(unreachable, s.address+": "+s.err)
+				}
+			case s.stores == mg.target.TargetVersion():
+				if !state.switched[s.address] {
+					state.switched[s.address] = true
+					state.lastSwitch = now
+				}
+				delete(state.lagging, s.address)
+			default:
+				since, ok := state.lagging[s.address]
+				if !ok {
+					since = now
+					state.lagging[s.address] = now
+				}
+				late = append(late, fmt.Sprintf("%s stores at %s (since %s)", s.address, s.stores, since.UTC().Format(time.RFC3339)))
+			}
+		}
+		switch {
+		case len(late) == 0 && len(unreachable) == 0:
+			log.V(1).Info("Every API server shows the switch", "servers", len(seen))
+			mg.setSwitchedBy(later(state.lastSwitch, mg.cp.StartTime).Add(informerLag), true)
+			return true, nil
+		case len(late) == 0 && !now.Before(bound):
+			log.Info("Relying on the lag bound for API servers restow cannot reach", "unreachable", unreachable)
+			mg.setSwitchedBy(bound, false)
+			return true, nil
+		case len(late) > 0 && !now.Before(limit):
+			return false, &StalledError{Message: fmt.Sprintf(
+				"API servers have not switched to %s %s after the switch (--apiserver-lag-limit): %s; nothing was rewritten or pruned",
+				mg.target.TargetVersion(), limit.Sub(mg.cp.StartTime).Round(time.Second), strings.Join(late, "; "))}
+		}
+		mg.setSwitching(switchingMessage(mg.target, bound, limit, now, seen, late, unreachable))
+		return false, nil
+	})
+	mg.setSwitching("")
+	if err != nil {
+		return err
+	}
+	return pace.SleepUntil(ctx, mg.switchTimes().by)
+}
+
+// pollUntil calls condition now and every interval until it is done or
+// fails, or ctx ends.
+func pollUntil(ctx context.Context, interval time.Duration, condition func(context.Context) (bool, error)) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if done, err := condition(ctx); done || err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// uncounted says, when restow counted more API servers than it has
+// addresses to reach them at (or could not count them), that it cannot see
+// every server.
+func uncounted(target Target) []string {
+	switch {
+	case target.APIServers == 0:
+		return []string{"the number of API servers is unknown (" + target.APIServerSignals + ")"}
+	case len(target.APIServerAddresses) < target.APIServers:
+		return []string{fmt.Sprintf("%d API servers counted (%s), %d of them at an address restow can reach (default/kubernetes's EndpointSlices, --apiservers)",
+			target.APIServers, target.APIServerSignals, len(target.APIServerAddresses))}
+	}
+	return nil
+}
+
+// switchingMessage says what the first pass waits for.
+func switchingMessage(target Target, bound, limit, now time.Time, seen []serverSwitch, late, unreachable []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Waiting for every API server to store at %s before the first pass; each server's own discovery shows the version it stores at:", target.TargetVersion())
+	var switched []string
+	for _, s := range seen {
+		if s.err == "" && s.stores == target.TargetVersion() {
+			switched = append(switched, s.address)
+		}
+	}
+	if len(switched) > 0 {
+		fmt.Fprintf(&b, " %s at %s;", strings.Join(switched, ", "), target.TargetVersion())
+	}
+	if len(late) > 0 {
+		fmt.Fprintf(&b, " %s;", strings.Join(late, "; "))
+	}
+	if len(unreachable) > 0 {
+		fmt.Fprintf(&b, " not known: %s;", strings.Join(unreachable, "; "))
+	}
+	switch {
+	case len(late) > 0 && !now.Before(bound):
+		fmt.Fprintf(&b, " past the lag bound of %s, restow holds back while a server it reaches lags, until %s (--apiserver-lag-limit), then stops", target.LagWait, limit.UTC().Format(time.RFC3339))
+	case len(unreachable) > 0:
+		fmt.Fprintf(&b, " for servers it cannot reach restow relies on the lag bound: it waits until %s (--apiserver-lag-bound)", bound.UTC().Format(time.RFC3339))
+	default:
+		fmt.Fprintf(&b, " a server that still lags at %s (--apiserver-lag-bound) holds the pass back until %s (--apiserver-lag-limit)", bound.UTC().Format(time.RFC3339), limit.UTC().Format(time.RFC3339))
+	}
+	return b.String()
+}
+
+// readSwitch reads every address of target's API servers at once.
+func (m *Migrator) readSwitch(ctx context.Context, target Target, want string, versions []string) []serverSwitch {
+	seen := make([]serverSwitch, len(target.APIServerAddresses))
+	var wg sync.WaitGroup
+	for i, address := range target.APIServerAddresses {
+		wg.Go(func() {
+			seen[i] = m.readServer(ctx, address, target, want, versions)
+		})
+	}
+	wg.Wait()
+	return seen
+}
+
+// readServer reads one API server's own discovery of the target's group
+// version at address, verifying its certificate under the kubernetes
+// Service's name, and says which version it stores the target at.
+func (m *Migrator) readServer(ctx context.Context, address string, target Target, want string, versions []string) serverSwitch {
+	s := serverSwitch{address: address}
+	dc, err := m.serverDiscovery(address)
+	if err != nil {
+		s.err = err.Error()
+		return s
+	}
+	gv := target.Resource.GroupVersion()
+	resources, err := dc.ServerResourcesForGroupVersion(gv.String())
+	switch {
+	case apierrors.IsNotFound(err):
+		// A server that answers, verified, and does not serve the group
+		// version has not seen the CRD as it is: it lags.
+		s.stores = "no version: it does not serve " + gv.String() + " yet"
+		return s
+	case err != nil:
+		s.err = Message(err)
+		return s
+	}
+	i := slices.IndexFunc(resources.APIResources, func(r metav1.APIResource) bool { return r.Name == target.Resource.Resource })
+	switch {
+	case i < 0:
+		s.stores = "no version: it does not serve " + target.Resource.Resource + " in " + gv.String() + " yet"
+	case resources.APIResources[i].StorageVersionHash == want:
+		s.stores = target.TargetVersion()
+	default:
+		hash := resources.APIResources[i].StorageVersionHash
+		s.stores = versionWithHash(gv.Group, target.Kind, versions, hash)
+		if s.stores == "" {
+			s.stores = fmt.Sprintf("another version (storageVersionHash %q)", hash)
+		}
+	}
+	return s
+}
+
+// serverDiscovery is a discovery client of the API server at address,
+// with Config's credentials and certificate authority, verifying the
+// server's certificate under APIServerServiceName. It refuses a
+// configuration that would verify nothing.
+func (m *Migrator) serverDiscovery(address string) (*clientdiscovery.DiscoveryClient, error) {
+	if dc, ok := m.probes.Load(address); ok {
+		return dc.(*clientdiscovery.DiscoveryClient), nil
+	}
+	switch {
+	case m.Config == nil:
+		return nil, errors.New("restow has no client configuration to reach API servers at their own addresses")
+	case m.Config.Insecure:
+		return nil, errors.New("the client configuration skips TLS verification, so no server's certificate can be verified")
+	case len(m.Config.CAData) == 0 && m.Config.CAFile == "":
+		return nil, errors.New("the client configuration names no certificate authority to verify API servers against")
+	}
+	cfg := rest.CopyConfig(m.Config)
+	cfg.Host = "https://" + address
+	cfg.APIPath = ""
+	cfg.ServerName = APIServerServiceName
+	cfg.Timeout = probeTimeout
+	cfg.RateLimiter = nil
+	dc, err := clientdiscovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	actual, _ := m.probes.LoadOrStore(address, dc)
+	return actual.(*clientdiscovery.DiscoveryClient), nil
+}
+
+// ParseAPIServerAddresses parses a comma-separated list of API server
+// addresses, each host:port (an IPv6 address in brackets), as
+// --apiservers takes it; "" is none.
+func ParseAPIServerAddresses(list string) ([]string, error) {
+	var addresses []string
+	for a := range strings.SplitSeq(list, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not host:port: %w", a, err)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 || host == "" {
+			return nil, fmt.Errorf("%q is not host:port with a port from 1 to 65535", a)
+		}
+		if !slices.Contains(addresses, a) {
+			addresses = append(addresses, a)
+		}
+	}
+	return addresses, nil
+}
+
+func (m *Migrator) lagLimit() time.Duration {
+	if m.LagLimit <= 0 {
+		return DefaultLagLimit
+	}
+	return m.LagLimit
+}
+
+// setSwitchedBy records when every API server stores at the target, and
+// whether each showed it, and counts the settle window from then.
+func (mg *migration) setSwitchedBy(by time.Time, allSwitched bool) {
+	mg.mu.Lock()
+	mg.switchedBy = by
+	mg.cp.LagWait = max(by.Sub(mg.cp.StartTime), 0)
+	mg.cp.AllSwitched = allSwitched
+	// by is after newMigration ran, so this window is never shorter than
+	// the one it set for a resumed checkpoint.
+	mg.settleUntil = by.Add(mg.opts.SettleWindow)
+	mg.mu.Unlock()
+	mg.report()
+}
+
+func (mg *migration) setSwitching(msg string) {
+	setReported(mg, &mg.switching, msg)
+}
