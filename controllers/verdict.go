@@ -58,8 +58,12 @@ func judge(target migrator.Target, state runState, now time.Time) verdict {
 			withEvents(stepEvent{corev1.EventTypeNormal, migrationv1alpha1.ProgressingReason, "Migrate", fmt.Sprintf("CRD %s changed during the pass; starting a new pass", target.CRD.Name)}),
 			next: nextRestart, result: "restarted"}
 	case errors.As(err, &stalledErr):
-		return verdict{outcome: stalled(migrationv1alpha1.UnsupportedReason, stalledErr.Message).
-			withEvents(stepEvent{corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", stalledErr.Message}),
+		reason := migrationv1alpha1.UnsupportedReason
+		if stalledErr.Reason == migrator.ReasonAPIServerLagging {
+			reason = migrationv1alpha1.APIServerLaggingReason
+		}
+		return verdict{outcome: stalled(reason, stalledErr.Message).
+			withEvents(stepEvent{corev1.EventTypeWarning, reason, "Migrate", stalledErr.Message}),
 			next: nextStalled, result: "stalled"}
 	case err != nil:
 		return verdict{outcome: reconciling(migrationv1alpha1.TransientErrorReason, "The pass paused after transient errors and resumes shortly: "+migrator.Message(err)),

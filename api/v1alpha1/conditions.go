@@ -51,6 +51,12 @@ const (
 	// listed or patched, or does not exist.
 	UnsupportedReason = "Unsupported"
 
+	// APIServerLaggingReason (Stalled=True, Ready=False): an API server that
+	// restow reaches still stored at the old version --apiserver-lag-limit
+	// after the switch; nothing was rewritten or pruned, and the migration
+	// is retried with backoff.
+	APIServerLaggingReason = "APIServerLagging"
+
 	// StatusRefusedReason (Stalled=True, Ready=False): the API server refused
 	// to store the status a pass wrote (an admission policy or webhook on
 	// StorageMigrations, a status that does not validate); the pass cannot

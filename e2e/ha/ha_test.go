@@ -6,6 +6,8 @@
 package ha
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -17,27 +19,36 @@ import (
 	"github.com/restow/restow/internal/testenv"
 )
 
-// haObjects is the object count of each HA scenario: four scenarios, each
-// waiting the default lag bound of 30 s, on three API servers.
+// haObjects is the object count of each HA scenario: four scenarios on
+// three API servers.
 const haObjects = 2000
 
 // TestLaggingAPIServer runs the manager binary, as users run it (the default
-// lag bound), against a control plane of three kube-apiservers on one etcd
-// behind a round-robin balancer, with GOAWAY sending connections from server
-// to server, while writers update and delete objects. One server sees the
-// storage switch late, by 4 s or by 10 s, a lag that lasts or ends mid-pass.
-// Such a server answers the rewrite of an unchanged object still stored at
-// v1beta1 with "unchanged"; counted as proof, that pruned storedVersions
-// while etcd held hundreds of v1beta1 objects. The manager says in status
-// that it waits for every API server, and the observer, reading etcd
+// lag bound), against a control plane of three kube-apiservers on one etcd,
+// each on an address of its own published in default/kubernetes's
+// EndpointSlices, behind a round-robin balancer, with GOAWAY sending
+// connections from server to server, while writers update and delete
+// objects. One server sees the storage switch late, by 4 s or by 10 s, a lag
+// that lasts or ends mid-pass. Such a server answers the rewrite of an
+// unchanged object still stored at v1beta1 with "unchanged"; counted as
+// proof, that pruned storedVersions while etcd held hundreds of v1beta1
+// objects. The manager reads each server's own discovery and says in status
+// which server still stores at v1beta1, and the observer, reading etcd
 // throughout, finds no early prune.
 func TestLaggingAPIServer(t *testing.T) {
 	ha := testenv.Start(t, testenv.Options{
 		CRDDirectoryPaths: []string{scenario.CRDDirectory},
 		APIServers:        3,
+		OwnAddresses:      true,
 		LaggingAPIServer:  true,
 		APIServerArgs:     map[string]string{"goaway-chance": "0.02"},
 	})
+	testenv.WaitProgress(t, "three API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
+		hostnames, addresses, err := ha.APIServerSignals(ctx)
+		return len(hostnames) == 3 && len(addresses) == 3, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
+	})
+	// The lagging server is the last one.
+	lagging := strings.TrimPrefix(ha.ServerConfig(2).Host, "https://")
 	for _, tc := range []struct {
 		name string
 		lag  time.Duration
@@ -61,7 +72,7 @@ func TestLaggingAPIServer(t *testing.T) {
 			ha.SetWatchLag(tc.lag)
 			t.Cleanup(func() { ha.SetWatchLag(0) })
 			s.SwitchStorage("v1")
-			waitLagMessage(t, s)
+			waitLagMessage(t, s, lagging)
 			if tc.ends {
 				s.WaitMidPass()
 				ha.SetWatchLag(0)
@@ -73,15 +84,15 @@ func TestLaggingAPIServer(t *testing.T) {
 }
 
 // waitLagMessage waits until the StorageMigration says, while it waits for
-// every API server to switch, how many there are and what bound it assumes.
-// (Before that it may wait for the readiness gate, with the same reason, if
-// its discovery read reached the lagging server.) It fails once the status
-// has shown no progress for a minute.
-func waitLagMessage(t *testing.T, s *scenario.Scenario) {
+// every API server to switch, that the lagging server still stores at
+// v1beta1, and since when. (Before that it may wait for the readiness gate,
+// with the same reason, if its discovery read reached the lagging server.)
+// It fails once the status has shown no progress for a minute.
+func waitLagMessage(t *testing.T, s *scenario.Scenario, lagging string) {
 	t.Helper()
-	s.Env.WaitForMigration(t, s.CRDName, time.Minute, "waiting for 3 API servers by the lag bound", func(sm *migrationv1alpha1.StorageMigration) bool {
+	s.Env.WaitForMigration(t, s.CRDName, time.Minute, "waiting for "+lagging+" to switch", func(sm *migrationv1alpha1.StorageMigration) bool {
 		c := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReconcilingCondition)
 		return c != nil && c.Reason == migrationv1alpha1.WaitingForStorageVersionReason &&
-			strings.Contains(c.Message, "3 API servers") && strings.Contains(c.Message, "--apiserver-lag-bound")
+			strings.Contains(c.Message, lagging+" stores at v1beta1 (since")
 	})
 }

@@ -227,8 +227,16 @@ func (e *TransientError) Unwrap() error { return e.Err }
 // the resource does not exist, cannot be listed or patched, or cannot be
 // migrated as asked. Message says what to change.
 type StalledError struct {
+	// Reason says why, when it is not that the resource cannot be
+	// migrated: ReasonAPIServerLagging, or "".
+	Reason  string
 	Message string
 }
+
+// ReasonAPIServerLagging is StalledError.Reason when an API server restow
+// reaches still stored at the old version Migrator.LagLimit after the
+// switch (switch.go).
+const ReasonAPIServerLagging = "APIServerLagging"
 
 func (e *StalledError) Error() string { return "stalled: " + e.Message }
 

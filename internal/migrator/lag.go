@@ -126,6 +126,9 @@ type census struct {
 	servers   int
 	signals   string
 	addresses []string
+	// unseen, when set, says why restow cannot know that it reaches every
+	// server at the addresses (switch.go).
+	unseen string
 }
 
 // lagWait is how long after Resolve saw the switch the last API server may
@@ -139,7 +142,8 @@ type census struct {
 func (m *Migrator) lagWait(ctx context.Context) (time.Duration, census, error) {
 	bound := m.lagBound()
 	if m.AssumeSeveral {
-		return bound, census{signals: "the count of API servers is turned off (--assume-several-apiservers)", addresses: m.APIServerAddresses}, nil
+		off := "the count of API servers is turned off (--assume-several-apiservers)"
+		return bound, census{signals: off, addresses: m.APIServerAddresses, unseen: off}, nil
 	}
 	leases, err := m.leaseSignal(ctx)
 	if err != nil {
@@ -149,6 +153,7 @@ func (m *Migrator) lagWait(ctx context.Context) (time.Duration, census, error) {
 	if err != nil {
 		return 0, census{}, err
 	}
+	endpointHosts := distinctHosts(addresses)
 	all := []apiServerSignal{leases, endpoints}
 	if len(m.APIServerAddresses) > 0 {
 		all = append(all, apiServerSignal{source: "addresses named by --apiservers", count: len(m.APIServerAddresses), detail: strings.Join(m.APIServerAddresses, ", ")})
@@ -163,12 +168,47 @@ func (m *Migrator) lagWait(ctx context.Context) (time.Duration, census, error) {
 	for _, s := range all {
 		said = append(said, s.String())
 	}
-	c := census{servers: servers, signals: strings.Join(said, "; "), addresses: addresses}
+	c := census{servers: servers, signals: strings.Join(said, "; "), addresses: addresses,
+		unseen: unseen(all, servers, endpointHosts, len(m.APIServerAddresses))}
 	if servers != 1 {
 		klog.FromContext(ctx).V(1).Info("Counted the API servers", "servers", servers, "signals", c.signals, "unknown", unknown)
 		return bound, c, nil
 	}
 	return 0, c, nil
+}
+
+// unseen says why restow cannot know that the addresses it has reach every
+// one of servers API servers, or "" if it can: every signal was read, and
+// one source alone (default/kubernetes's EndpointSlices, at distinct
+// hosts, or --apiservers) lists as many addresses as the largest count. A
+// union of both is not trusted: a load balancer's address among them, or
+// one server named twice, would pass for a server that restow never sees.
+func unseen(signals []apiServerSignal, servers, endpointHosts, named int) string {
+	for _, s := range signals {
+		if s.unknown != "" {
+			return "the number of API servers is not known for certain (" + s.String() + ")"
+		}
+	}
+	switch {
+	case servers == 0:
+		return "no signal lists an API server"
+	case endpointHosts >= servers || named >= servers:
+		return ""
+	case named == 0:
+		return fmt.Sprintf("%d API servers counted, %d of them at an address in default/kubernetes's EndpointSlices (name them all with --apiservers)", servers, endpointHosts)
+	}
+	return fmt.Sprintf("%d API servers counted, %d of them at an address in default/kubernetes's EndpointSlices and %d named by --apiservers (name them all there)", servers, endpointHosts, named)
+}
+
+// distinctHosts counts the distinct hosts of host:port addresses.
+func distinctHosts(addresses []string) int {
+	hosts := map[string]bool{}
+	for _, a := range addresses {
+		if h, _, err := net.SplitHostPort(a); err == nil {
+			hosts[h] = true
+		}
+	}
+	return len(hosts)
 }
 
 func (m *Migrator) lagBound() time.Duration {

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCountAPIServers: the largest count any signal shows; one only when
@@ -57,23 +58,61 @@ func TestParseAPIServerAddresses(t *testing.T) {
 	}
 }
 
-// TestUncounted: restow can see every server only with at least as many
-// addresses as servers counted, and a count.
-func TestUncounted(t *testing.T) {
+// TestUnseen: restow knows it reaches every API server only when every
+// signal was read and one source alone lists as many addresses as the
+// largest count.
+func TestUnseen(t *testing.T) {
+	read := []apiServerSignal{{source: "leases", count: 3}, {source: "addresses", count: 3}}
+	unknown := []apiServerSignal{{source: "leases", unknown: "could not be read"}, {source: "addresses", count: 3}}
 	for _, tc := range []struct {
-		servers   int
-		addresses []string
-		blind     bool
+		name                          string
+		signals                       []apiServerSignal
+		servers, endpointHosts, named int
+		seen                          bool
 	}{
-		{2, []string{"a:1", "b:1"}, false},
-		{2, []string{"a:1", "b:1", "c:1"}, false},
-		{3, []string{"a:1", "b:1"}, true},
-		{0, []string{"a:1", "b:1"}, true},
-		{2, nil, true},
+		{"every server in the EndpointSlices", read, 3, 3, 0, true},
+		{"every server named", read, 3, 1, 3, true},
+		{"one server without an address", read, 3, 2, 0, false},
+		{"a balancer's address and two named: not one source", read, 3, 1, 2, false},
+		{"a signal that could not be read", unknown, 3, 3, 0, false},
+		{"no count", nil, 0, 2, 0, false},
 	} {
-		got := uncounted(Target{APIServers: tc.servers, APIServerAddresses: tc.addresses, APIServerSignals: "signals"})
-		if (len(got) > 0) != tc.blind {
-			t.Errorf("%d servers at %v: %q, want blind %v", tc.servers, tc.addresses, got, tc.blind)
+		if got := unseen(tc.signals, tc.servers, tc.endpointHosts, tc.named); (got == "") != tc.seen {
+			t.Errorf("%s: %q, want seen %v", tc.name, got, tc.seen)
 		}
+	}
+}
+
+// TestSwitchState: a server seen at another version stays late until it
+// shows the target again, also while it cannot be read; one seen switched
+// stays so while it cannot be read, not once it shows another version, and
+// its switch then counts from when it shows the target again.
+func TestSwitchState(t *testing.T) {
+	st := &switchState{switched: map[string]bool{}, lagging: map[string]time.Time{}}
+	t0 := time.Now()
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	read := func(s int, seen ...serverSwitch) (int, int) {
+		late, unreachable := st.note(seen, "v1", at(s))
+		return len(late), len(unreachable)
+	}
+	a, b := "a:1", "b:1"
+	if late, _ := read(0, serverSwitch{address: a, stores: "v1"}, serverSwitch{address: b, stores: "v1beta1"}); late != 1 {
+		t.Fatalf("b at v1beta1: %d late, want 1", late)
+	}
+	if late, unreachable := read(1, serverSwitch{address: a, err: "refused"}, serverSwitch{address: b, err: "timeout"}); late != 1 || unreachable != 0 {
+		t.Errorf("a restarting, b unreadable after lagging: %d late, %d unreachable; want b late, a still switched", late, unreachable)
+	}
+	if late, unreachable := read(2, serverSwitch{address: a, stores: "v1"}, serverSwitch{address: b, stores: "v1"}); late != 0 || unreachable != 0 || !st.lastSwitch.Equal(at(2)) {
+		t.Errorf("both at v1: %d late, %d unreachable, last switch %s; want none and the switch at 2s", late, unreachable, st.lastSwitch.Sub(t0))
+	}
+	if late, _ := read(3, serverSwitch{address: a, stores: "v1beta1"}, serverSwitch{address: b, stores: "v1"}); late != 1 {
+		t.Errorf("a back at v1beta1: %d late, want 1", late)
+	}
+	read(4, serverSwitch{address: a, stores: "v1"}, serverSwitch{address: b, stores: "v1"})
+	if !st.lastSwitch.Equal(at(4)) {
+		t.Errorf("last switch %s after a flipped back, want 4s", st.lastSwitch.Sub(t0))
+	}
+	if _, unreachable := read(5, serverSwitch{address: "c:1", err: "refused"}); unreachable != 1 {
+		t.Errorf("a server never read: %d unreachable, want 1", unreachable)
 	}
 }

@@ -183,13 +183,14 @@ func newMigration(m *Migrator, target Target, opts Options, observe Observer) *m
 	}
 	mg.cp = *cp
 	mg.cp.Failures = append([]Failure(nil), cp.Failures...)
-	mg.switchedBy = mg.cp.StartTime.Add(mg.cp.LagWait)
 	if resumed && mg.cp.Phase == PhaseRewriting && mg.cp.Continue == "" && mg.cp.Done() == 0 {
 		// Nothing was proven yet, and the start time was taken by another
-		// process, maybe on another node whose clock is ahead: wait the
-		// whole lag from now.
-		mg.switchedBy = time.Now().Add(mg.cp.LagWait)
+		// process, maybe on another node whose clock is ahead: the wait
+		// for every API server starts again from now, as Resolve just saw
+		// the switch, and reads the servers again.
+		mg.cp.StartTime, mg.cp.LagWait, mg.cp.AllSwitched = time.Now(), target.LagWait, false
 	}
+	mg.switchedBy = mg.cp.StartTime.Add(mg.cp.LagWait)
 	mg.settleUntil = mg.switchedBy.Add(opts.SettleWindow)
 	if resumed && mg.cp.WindowEnd == "" {
 		// The start time was taken by another process, maybe on another

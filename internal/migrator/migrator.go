@@ -263,6 +263,10 @@ type Target struct {
 	// first pass waits until each shows the target in its own discovery
 	// (switch.go), rather than for the whole LagWait.
 	APIServerAddresses []string
+	// unseen, when set, says why restow cannot know that it reaches every
+	// API server at APIServerAddresses: it relies on LagWait for those it
+	// cannot see.
+	unseen string
 }
 
 // CRDState is what a migration remembers of a CRD when it begins.
@@ -438,6 +442,7 @@ func (m *Migrator) resolveCRD(ctx context.Context, crd *apiextensionsv1.CustomRe
 		APIServers:         servers.servers,
 		APIServerSignals:   servers.signals,
 		APIServerAddresses: servers.addresses,
+		unseen:             servers.unseen,
 	}, nil
 }
 

@@ -95,12 +95,14 @@ type switchState struct {
 // sets when that was (switchedBy, and the settle window from it), and
 // returns. With one API server that is informerLag after Resolve saw the
 // switch; with several, when each showed it in its own discovery, or, for
-// servers restow cannot reach, the lag bound.
+// servers restow cannot see, the lag bound. Only a first pass that has done
+// nothing reads the servers: one that resumes after objects were done had
+// every server switch before them.
 func (mg *migration) awaitSwitch(ctx context.Context) error {
 	mg.mu.Lock()
-	by, allSwitched := mg.switchedBy, mg.cp.AllSwitched
+	by, allSwitched, done := mg.switchedBy, mg.cp.AllSwitched, mg.cp.Done()
 	mg.mu.Unlock()
-	if mg.target.LagWait == 0 || allSwitched || mg.target.CRD == nil || !time.Now().Before(by) {
+	if mg.target.LagWait == 0 || allSwitched || done > 0 || mg.target.CRD == nil || len(mg.target.APIServerAddresses) == 0 || !time.Now().Before(by) {
 		return pace.SleepUntil(ctx, later(by, mg.cp.StartTime.Add(informerLag)))
 	}
 	bound := by
@@ -110,54 +112,84 @@ func (mg *migration) awaitSwitch(ctx context.Context) error {
 	want := discovery.StorageVersionHash(gvk.Group, gvk.Version, gvk.Kind)
 	versions := slices.Concat(mg.target.CRD.ServedVersions, mg.target.CRD.StoredVersions)
 	log := klog.FromContext(ctx)
+	polls := 0
 	err := pollUntil(ctx, switchPoll, func(ctx context.Context) (bool, error) {
-		seen := mg.m.readSwitch(ctx, mg.target, want, versions)
-		now := time.Now()
-		unreachable := uncounted(mg.target)
-		var late []string
-		for _, s := range seen {
-			switch {
-			case s.err != "":
-				if !state.switched[s.address] {
-					unreachable = append(unreachable, s.address+": "+s.err)
-				}
-			case s.stores == mg.target.TargetVersion():
-				if !state.switched[s.address] {
-					state.switched[s.address] = true
-					state.lastSwitch = now
-				}
-				delete(state.lagging, s.address)
-			default:
-				since, ok := state.lagging[s.address]
-				if !ok {
-					since = now
-					state.lagging[s.address] = now
-				}
-				late = append(late, fmt.Sprintf("%s stores at %s (since %s)", s.address, s.stores, since.UTC().Format(time.RFC3339)))
+		if polls++; polls%crdCheckPolls == 0 {
+			// The CRD may change while the servers are read: a new
+			// migration starts then, rather than a wait for a version the
+			// servers no longer switch to.
+			if _, err := mg.liveCRD(ctx); err != nil {
+				return false, err
 			}
 		}
+		seen := mg.m.readSwitch(ctx, mg.target, want, versions)
+		now := time.Now()
+		late, unreachable := state.note(seen, mg.target.TargetVersion(), now)
+		if mg.target.unseen != "" {
+			unreachable = append(unreachable, mg.target.unseen)
+		}
+		seenBy := later(state.lastSwitch, mg.cp.StartTime).Add(informerLag)
 		switch {
 		case len(late) == 0 && len(unreachable) == 0:
 			log.V(1).Info("Every API server shows the switch", "servers", len(seen))
-			mg.setSwitchedBy(later(state.lastSwitch, mg.cp.StartTime).Add(informerLag), true)
+			mg.setSwitchedBy(seenBy, true)
 			return true, nil
 		case len(late) == 0 && !now.Before(bound):
-			log.Info("Relying on the lag bound for API servers restow cannot reach", "unreachable", unreachable)
-			mg.setSwitchedBy(bound, false)
+			log.Info("Relying on the lag bound for API servers restow cannot see", "unseen", unreachable)
+			mg.setSwitchedBy(later(bound, seenBy), false)
 			return true, nil
 		case len(late) > 0 && !now.Before(limit):
-			return false, &StalledError{Message: fmt.Sprintf(
+			return false, &StalledError{Reason: ReasonAPIServerLagging, Message: fmt.Sprintf(
 				"API servers have not switched to %s %s after the switch (--apiserver-lag-limit): %s; nothing was rewritten or pruned",
 				mg.target.TargetVersion(), limit.Sub(mg.cp.StartTime).Round(time.Second), strings.Join(late, "; "))}
 		}
 		mg.setSwitching(switchingMessage(mg.target, bound, limit, now, seen, late, unreachable))
 		return false, nil
 	})
-	mg.setSwitching("")
 	if err != nil {
+		mg.setSwitching("")
 		return err
 	}
 	return pace.SleepUntil(ctx, mg.switchTimes().by)
+}
+
+// crdCheckPolls is how many reads of the servers come between reads of the
+// CRD while the first pass waits for them.
+const crdCheckPolls = 4
+
+// note records one read of every server and returns the servers that still
+// store at another version (with since when) and those restow could not
+// read. A server seen at another version stays late until it is seen at
+// target again, also while it cannot be read; one seen at target stays so
+// while it cannot be read (a server that restarts reads the CRD as it is),
+// but not once it shows another version (an address that is not one
+// server, or a CRD that changed), and its switch then counts from when it
+// shows target again.
+func (st *switchState) note(seen []serverSwitch, target string, now time.Time) (late, unreachable []string) {
+	for _, s := range seen {
+		switch {
+		case s.err != "" && !st.lagging[s.address].IsZero():
+			late = append(late, fmt.Sprintf("%s stored at another version (since %s) and now cannot be read: %s",
+				s.address, st.lagging[s.address].UTC().Format(time.RFC3339), s.err))
+		case s.err != "":
+			if !st.switched[s.address] {
+				unreachable = append(unreachable, s.address+": "+s.err)
+			}
+		case s.stores == target:
+			if !st.switched[s.address] {
+				st.switched[s.address] = true
+				st.lastSwitch = now
+			}
+			delete(st.lagging, s.address)
+		default:
+			delete(st.switched, s.address)
+			if st.lagging[s.address].IsZero() {
+				st.lagging[s.address] = now
+			}
+			late = append(late, fmt.Sprintf("%s stores at %s (since %s)", s.address, s.stores, st.lagging[s.address].UTC().Format(time.RFC3339)))
+		}
+	}
+	return late, unreachable
 }
 
 // pollUntil calls condition now and every interval until it is done or
@@ -175,20 +207,6 @@ func pollUntil(ctx context.Context, interval time.Duration, condition func(conte
 		case <-t.C:
 		}
 	}
-}
-
-// uncounted says, when restow counted more API servers than it has
-// addresses to reach them at (or could not count them), that it cannot see
-// every server.
-func uncounted(target Target) []string {
-	switch {
-	case target.APIServers == 0:
-		return []string{"the number of API servers is unknown (" + target.APIServerSignals + ")"}
-	case len(target.APIServerAddresses) < target.APIServers:
-		return []string{fmt.Sprintf("%d API servers counted (%s), %d of them at an address restow can reach (default/kubernetes's EndpointSlices, --apiservers)",
-			target.APIServers, target.APIServerSignals, len(target.APIServerAddresses))}
-	}
-	return nil
 }
 
 // switchingMessage says what the first pass waits for.
@@ -214,7 +232,7 @@ func switchingMessage(target Target, bound, limit, now time.Time, seen []serverS
 	case len(late) > 0 && !now.Before(bound):
 		fmt.Fprintf(&b, " past the lag bound of %s, restow holds back while a server it reaches lags, until %s (--apiserver-lag-limit), then stops", target.LagWait, limit.UTC().Format(time.RFC3339))
 	case len(unreachable) > 0:
-		fmt.Fprintf(&b, " for servers it cannot reach restow relies on the lag bound: it waits until %s (--apiserver-lag-bound)", bound.UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, " for servers it cannot see restow relies on the lag bound: it waits at least until %s (--apiserver-lag-bound), and a server it reaches that still lags then holds the pass back until %s (--apiserver-lag-limit)", bound.UTC().Format(time.RFC3339), limit.UTC().Format(time.RFC3339))
 	default:
 		fmt.Fprintf(&b, " a server that still lags at %s (--apiserver-lag-bound) holds the pass back until %s (--apiserver-lag-limit)", bound.UTC().Format(time.RFC3339), limit.UTC().Format(time.RFC3339))
 	}
@@ -340,9 +358,11 @@ func (mg *migration) setSwitchedBy(by time.Time, allSwitched bool) {
 	mg.switchedBy = by
 	mg.cp.LagWait = max(by.Sub(mg.cp.StartTime), 0)
 	mg.cp.AllSwitched = allSwitched
-	// by is after newMigration ran, so this window is never shorter than
-	// the one it set for a resumed checkpoint.
+	// Only a first pass that did nothing reads the servers, and its
+	// checkpoint starts then (newMigration): by comes after it, and the
+	// window counts from the last server's switch.
 	mg.settleUntil = by.Add(mg.opts.SettleWindow)
+	mg.switching = ""
 	mg.mu.Unlock()
 	mg.report()
 }

@@ -189,8 +189,8 @@ func tables(all []figures) string {
 		}
 	}
 	if len(ha) > 0 {
-		out.WriteString("\n### Three API servers behind a balancer: what the lag bound costs\n\n")
-		out.WriteString("The manager process, storage switch to prune, on three kube-apiservers on one etcd (API server CPU of all three).\n\n")
+		out.WriteString("\n### Three API servers on addresses of their own: what waiting for every one costs\n\n")
+		out.WriteString("The manager process, storage switch to prune, on three kube-apiservers on one etcd, each on an address of its own behind a balancer (API server CPU of all three).\n\n")
 		out.WriteString("| strategy | objects | objects/s | rounds: range | switch to prune, s | requests/object | API server CPU ms/object | peak memory | status writes/pass |\n")
 		out.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		for _, f := range ha {

@@ -171,7 +171,7 @@ func TestMigrateBehindAServerWithoutAnAddress(t *testing.T) {
 	waitForSignals(t, ha, 2, 1)
 	migrateBehindLag(t, ha, lagCase{
 		group: "unlisted.hatest.restow.dev", lag: 12 * time.Second, lagBound: 15 * time.Second,
-		servers: 2, addresses: 1, says: []string{"2 API servers counted", "1 of them at an address restow can reach"},
+		servers: 2, addresses: 1, says: []string{"2 API servers counted, 1 of them at an address in default/kubernetes's EndpointSlices"},
 	})
 }
 
