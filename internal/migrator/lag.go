@@ -18,25 +18,24 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// The lag bound: when every API server stores at the new version.
+// Counting the API servers, and the lag bound.
 //
 // A production control plane runs several kube-apiservers on one etcd, and
 // each switches a CRD's storage version when its own CRD informer sees the
 // update. Until then it stores the CRD's objects at the old version, and it
 // answers a write of an unchanged object stored at the old version with
-// "unchanged" (the bytes it would write equal etcd's). No API says which
-// server answered a request or whether every server has switched (the
-// StorageVersion API never covered CRDs), so nothing such a server may have
-// answered can count as proof: not a write's answer, not "already stored",
-// not a list snapshot taken meanwhile, not the readiness gate's discovery
-// read (which one server answered). restow relies on a stated bound instead:
-// every API server switches within LagBound of the CRD update. Resolve reads
-// the CRD live before it takes the migration's StartTime, so by StartTime +
-// LagBound every server has switched; the first pass starts only then, and
-// the settle window counts from then, so that a write that began on a late
-// server's old storage has ended before the prune. Nothing is proven before
-// the bound, so nothing needs proving again after it; the cost is time, not
-// requests.
+// "unchanged" (the bytes it would write equal etcd's). No answer says which
+// server gave it, so nothing such a server may have answered can count as
+// proof: not a write's answer, not "already stored", not a list snapshot
+// taken meanwhile, not the readiness gate's discovery read (which one
+// server answered). So the first pass waits until every API server has
+// switched: switch.go reads each one's own discovery at its address, and
+// where it cannot see every server, relies on a stated bound: every API
+// server switches within LagBound of the CRD update. Resolve reads the CRD
+// live before it takes the migration's StartTime, so by StartTime +
+// LagBound every server has switched; the settle window counts from when
+// every server switched, so that a write that began on a late server's old
+// storage has ended before the prune.
 //
 // A control plane of one API server has no lag to wait for, and its first
 // pass starts informerLag after the gate, as it always did. Resolve counts
@@ -48,7 +47,8 @@ import (
 //   - the addresses in the default/kubernetes Service's EndpointSlices, which
 //     every API server publishes (its --advertise-address) unless it runs
 //     with --endpoint-reconciler-type=none. Servers behind one address
-//     (a managed control plane's load balancer) show as one.
+//     (a managed control plane's load balancer) show as one;
+//   - the addresses the user names (Migrator.APIServerAddresses).
 // A signal it cannot read, or Leases of none, make the number unknown,
 // which means several. An EndpointSlice that lists no address (servers that
 // publish none, or only a loopback address, which the API refuses) says

@@ -16,7 +16,7 @@ import (
 
 // The entry of the engine: Migrate (a whole migration) and Rewrite (its
 // first pass alone), and the state of one migration. Calls go one way from
-// here: into the pass (pass.go, which lists through list.go and writes
+// here: into the wait for every API server (switch.go), into the pass (pass.go, which lists through list.go and writes
 // through write.go), and into the finish (finish.go). Leaves that every step
 // uses: types.go (the public vocabulary), progress.go (what is reported),
 // proof.go (what proves an object stored at the target), errors.go.

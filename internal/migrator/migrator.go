@@ -8,8 +8,9 @@
 //
 // The files follow the data path, and calls go one way along it:
 //   - migrator.go: the Migrator (its clients and budget) and Resolve, which
-//     makes a Target of a resource; lag.go: how long until every API server
-//     has switched; count.go: how many objects a Target has.
+//     makes a Target of a resource; lag.go: how many API servers there are
+//     and the lag bound; switch.go: knowing when every one has switched
+//     (migrate.go waits on it); count.go: how many objects a Target has.
 //   - migrate.go: the entry, Migrate and Rewrite, and the state of one
 //     migration (newMigration decides whether a checkpoint resumes).
 //   - pass.go: the page loop of one pass; list.go: its list (isolate.go

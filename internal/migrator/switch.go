@@ -263,7 +263,8 @@ func (m *Migrator) readServer(ctx context.Context, address string, target Target
 		return s
 	}
 	gv := target.Resource.GroupVersion()
-	resources, err := dc.ServerResourcesForGroupVersion(gv.String())
+	resources := &metav1.APIResourceList{}
+	err = dc.RESTClient().Get().AbsPath("/apis", gv.Group, gv.Version).Do(ctx).Into(resources)
 	switch {
 	case apierrors.IsNotFound(err):
 		// A server that answers, verified, and does not serve the group

@@ -176,16 +176,13 @@ func TestMigrateBehindAServerWithoutAnAddress(t *testing.T) {
 }
 
 // waitForSignals waits until the control plane's identity Leases and the
-// addresses in default/kubernetes's EndpointSlices are as many as given,
-// and returns them.
-func waitForSignals(t *testing.T, ha *testenv.Env, leases, addresses int) (hostnames, listed []string) {
+// addresses in default/kubernetes's EndpointSlices are as many as given.
+func waitForSignals(t *testing.T, ha *testenv.Env, leases, addresses int) {
 	t.Helper()
 	testenv.WaitProgress(t, "the API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
-		var err error
-		hostnames, listed, err = ha.APIServerSignals(ctx)
+		hostnames, listed, err := ha.APIServerSignals(ctx)
 		return len(hostnames) == leases && len(listed) == addresses, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, listed), err
 	})
-	return hostnames, listed
 }
 
 // waitCaughtUp ends the lag and waits until the lagging API server (the
