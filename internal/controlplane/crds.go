@@ -219,16 +219,24 @@ func (e *ControlPlane) DisarmConversion(ctx context.Context, name string) error 
 	// that succeeds is the sign that it serves them without the webhook
 	// (without this wait a refusing webhook still stopped the deletion, in
 	// TestCleanupDeletesWhatTheWebhookRefuses). A storage version that is not
-	// served cannot be listed: nothing to wait for then.
+	// served cannot be listed: nothing to wait for then. The list covers
+	// every object, which takes long on a loaded machine with thousands of
+	// them: the wait lasts as long as ctx (the caller bounds it), and says
+	// what the lists answered.
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(schema.GroupVersionKind{Group: crd.Spec.Group, Version: storedversions.StorageVersion(crd), Kind: crd.Spec.Names.ListKind})
 	var refused error
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, crdReadyTimeout, true, func(ctx context.Context) (bool, error) {
-		refused = e.Client.List(ctx, list)
-		return refused == nil || apierrors.IsNotFound(refused) || meta.IsNoMatchError(refused), nil
+	attempts := 0
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		attempts++
+		err := e.Client.List(ctx, list)
+		if err != nil && ctx.Err() == nil {
+			refused = err
+		}
+		return err == nil || apierrors.IsNotFound(err) || meta.IsNoMatchError(err), nil
 	})
 	if err != nil {
-		return fmt.Errorf("CRD %s still converts through its webhook: %w", name, errors.Join(err, refused))
+		return fmt.Errorf("CRD %s still converts through its webhook after %d lists of its objects: %w", name, attempts, errors.Join(err, refused))
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/endpoints/discovery"
 	clientdiscovery "k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
@@ -113,7 +114,7 @@ func (mg *migration) awaitSwitch(ctx context.Context) error {
 	versions := slices.Concat(mg.target.CRD.ServedVersions, mg.target.CRD.StoredVersions)
 	log := klog.FromContext(ctx)
 	polls := 0
-	err := pollUntil(ctx, switchPoll, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextCancel(ctx, switchPoll, true, func(ctx context.Context) (bool, error) {
 		if polls++; polls%crdCheckPolls == 0 {
 			// The CRD may change while the servers are read: a new
 			// migration starts then, rather than a wait for a version the
@@ -190,23 +191,6 @@ func (st *switchState) note(seen []serverSwitch, target string, now time.Time) (
 		}
 	}
 	return late, unreachable
-}
-
-// pollUntil calls condition now and every interval until it is done or
-// fails, or ctx ends.
-func pollUntil(ctx context.Context, interval time.Duration, condition func(context.Context) (bool, error)) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		if done, err := condition(ctx); done || err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
 }
 
 // switchingMessage says what the first pass waits for.
