@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/migrator/pace"
-	"github.com/restow/restow/internal/storedversions"
 )
 
 // The finish of a migration: why a prune must wait, and what it re-checks.
@@ -54,7 +53,8 @@ func (mg *migration) startRecheck() {
 
 // liveCRD reads the CRD live at the end of the first pass. A CRD deleted
 // meanwhile took its objects with it: that is no success. A CRD that
-// changed (another storage version, spec or identity) needs a new pass.
+// changed its identity or storage version, or whose history since the
+// migration began restow cannot show (history.go), needs a new migration.
 func (mg *migration) liveCRD(ctx context.Context) (*apiextensionsv1.CustomResourceDefinition, error) {
 	want := mg.target.CRD
 	crd := &apiextensionsv1.CustomResourceDefinition{}
@@ -66,8 +66,8 @@ func (mg *migration) liveCRD(ctx context.Context) (*apiextensionsv1.CustomResour
 		return nil, &TransientError{Err: fmt.Errorf("reading CRD %s after the pass: %w", want.Name, err)}
 	case !crd.DeletionTimestamp.IsZero():
 		return nil, &StalledError{Message: fmt.Sprintf("CRD %s is being deleted, with its objects; nothing is left to migrate", want.Name)}
-	case crd.UID != want.UID || crd.Generation != want.Generation || storedversions.StorageVersion(crd) != want.StorageVersion:
-		return nil, fmt.Errorf("CRD %s: %w", want.Name, storedversions.ErrCRDChanged)
+	case !mg.history.kept(ctx, crd):
+		return nil, mg.history.refused(crd)
 	}
 	return crd, nil
 }

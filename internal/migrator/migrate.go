@@ -2,6 +2,7 @@ package migrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -36,10 +37,25 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	if err := mg.checkViaStatus(); err != nil {
 		return mg.result(), err
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, abort := context.WithCancelCause(ctx)
 	var window sync.WaitGroup
 	defer window.Wait()
-	defer cancel()
+	defer abort(nil)
+	if target.CRD != nil {
+		// A change of the CRD's storage version ends the migration when it
+		// is seen (history.go).
+		mg.history = mg.watchHistory(ctx, abort)
+	}
+	result, err := mg.migrate(ctx, &window)
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, storedversions.ErrCRDChanged) {
+		err = cause
+	}
+	return result, err
+}
+
+// migrate is Migrate once its CRD is watched.
+func (mg *migration) migrate(ctx context.Context, window *sync.WaitGroup) (Result, error) {
+	target, opts := mg.target, mg.opts
 	// Only a migration that may prune re-checks, and needs the record.
 	mg.recordWrites = target.CRD != nil && opts.Prune && !target.Partial()
 	if mg.progress().Phase == PhaseRewriting {
@@ -86,8 +102,9 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	if result.Failed > 0 {
 		return result, nil
 	}
-	result.Pruned, err = storedversions.Prune(ctx, m.Client, m.Reader, storedversions.Expected{
+	result.Pruned, err = storedversions.Prune(ctx, mg.m.Client, mg.m.Reader, storedversions.Expected{
 		Name: target.CRD.Name, UID: target.CRD.UID, StorageVersion: target.CRD.StorageVersion, Generation: target.CRD.Generation,
+		Kept: mg.history.kept,
 	})
 	return result, err
 }
@@ -158,6 +175,9 @@ type migration struct {
 	// recordWrites says the re-check will need them; see proof.go.
 	proven       map[string]struct{}
 	recordWrites bool
+	// history is the CRD as watched since the migration began: whether its
+	// storage version held (history.go).
+	history *crdHistory
 }
 
 func newMigration(m *Migrator, target Target, opts Options, observe Observer) *migration {
@@ -176,7 +196,9 @@ func newMigration(m *Migrator, target Target, opts Options, observe Observer) *m
 	if observe == nil {
 		observe = func(Progress) {}
 	}
-	mg := &migration{m: m, target: target, opts: opts, observe: observe, resource: m.Metadata.Resource(target.Resource), proven: map[string]struct{}{}}
+	mg := &migration{m: m, target: target, opts: opts, observe: observe, resource: m.Metadata.Resource(target.Resource), proven: map[string]struct{}{},
+		// Until Migrate watches the CRD, only its generation shows that it kept its storage version.
+		history: &crdHistory{want: target.CRD}}
 	cp, resumed, _ := ResumeFrom(opts.Resume, target)
 	if !resumed {
 		cp.Continue = opts.Continue

@@ -17,7 +17,9 @@
 //     takes apart a page that one object fails); write.go: one object's
 //     rewrite, as an update or a merge patch, with its retries; request.go:
 //     the raw requests both send for whole objects.
-//   - finish.go: the settle window, the re-check and the prune.
+//   - finish.go: the settle window, the re-check and the prune; history.go:
+//     the CRD as watched since the migration began, which says whether a
+//     CRD whose spec changed meanwhile still allows the prune.
 //   - Leaves used along the way: types.go (the public vocabulary), progress.go
 //     (what is reported), proof.go (what proves an object stored at the
 //     target), errors.go (what an answer means), and package pace (how many
@@ -33,6 +35,7 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -110,6 +113,11 @@ type Migrator struct {
 	Config *rest.Config
 	// probes holds a discovery client per API server address.
 	probes sync.Map
+	// crdClient watches the CRDs of migrations (history.go), made from
+	// Config once.
+	crdClientOnce sync.Once
+	crdClient     apiextensionsclient.Interface
+	crdClientErr  error
 }
 
 // DefaultMaxPasses is Migrator.MaxPasses by default: each pass holds a few
@@ -276,8 +284,11 @@ type CRDState struct {
 	UID            types.UID
 	StorageVersion string
 	Generation     int64
-	StoredVersions []string
-	ServedVersions []string
+	// ResourceVersion is the resourceVersion Resolve read the CRD at: the
+	// migration watches the CRD from it (history.go).
+	ResourceVersion string
+	StoredVersions  []string
+	ServedVersions  []string
 	// StatusSubresource says whether the storage version has a /status subresource.
 	StatusSubresource bool
 }
@@ -393,12 +404,13 @@ func versionWithHash(group, kind string, versions []string, hash string) string 
 
 func (m *Migrator) resolveCRD(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) (Target, error) {
 	state := &CRDState{
-		Name:           crd.Name,
-		UID:            crd.UID,
-		StorageVersion: storedversions.StorageVersion(crd),
-		Generation:     crd.Generation,
-		StoredVersions: crd.Status.StoredVersions,
-		ServedVersions: storedversions.ServedVersions(crd),
+		Name:            crd.Name,
+		UID:             crd.UID,
+		StorageVersion:  storedversions.StorageVersion(crd),
+		Generation:      crd.Generation,
+		ResourceVersion: crd.ResourceVersion,
+		StoredVersions:  crd.Status.StoredVersions,
+		ServedVersions:  storedversions.ServedVersions(crd),
 	}
 	if len(state.ServedVersions) == 0 {
 		return Target{}, &StalledError{Message: fmt.Sprintf("CRD %s serves no version", crd.Name)}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/endpoints/discovery"
 	clientdiscovery "k8s.io/client-go/discovery"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -95,34 +96,60 @@ type Expected struct {
 	UID            types.UID
 	StorageVersion string
 	Generation     int64
+	// Kept, if set, decides for a live read of the CRD whether it is the
+	// CRD the pass ran on, at its storage version in every state since the
+	// pass started (the migration watched it): a generation that moved
+	// without a change of storage version then proves nothing against the
+	// pass. Without it, the generation must not have moved.
+	Kept func(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) bool
+}
+
+// kept reports whether crd is the CRD want describes, by Kept or the generation.
+func (want Expected) kept(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) bool {
+	if crd.UID != want.UID || StorageVersion(crd) != want.StorageVersion {
+		return false
+	}
+	if want.Kept != nil {
+		return want.Kept(ctx, crd)
+	}
+	return crd.Generation == want.Generation
 }
 
 // Prune trims a CRD's status.storedVersions to [want.StorageVersion],
 // provided that a live read shows the same CRD (UID) with the same storage
 // version and metadata.generation (its spec did not change since the pass
-// started). The write carries the read's resourceVersion, so a concurrent
-// change fails it rather than being overwritten. It returns the versions it
-// removed.
+// started), or, with want.Kept, a CRD that kept its storage version
+// throughout. The write carries the read's resourceVersion, so a concurrent
+// change fails it rather than being overwritten; then the CRD is read and
+// judged again, so a finished pass is not thrown away for a write that
+// came between. It returns the versions it removed.
 func Prune(ctx context.Context, c client.Client, reader client.Reader, want Expected) ([]string, error) {
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := reader.Get(ctx, client.ObjectKey{Name: want.Name}, crd); err != nil {
-		return nil, err
-	}
-	if crd.UID != want.UID || StorageVersion(crd) != want.StorageVersion || crd.Generation != want.Generation {
-		return nil, ErrCRDChanged
-	}
-	if slices.Equal(crd.Status.StoredVersions, []string{want.StorageVersion}) {
-		return nil, nil
-	}
 	var pruned []string
-	for _, v := range crd.Status.StoredVersions {
-		if v != want.StorageVersion {
-			pruned = append(pruned, v)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pruned = nil
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := reader.Get(ctx, client.ObjectKey{Name: want.Name}, crd); err != nil {
+			return err
 		}
-	}
-	original := crd.DeepCopy()
-	crd.Status.StoredVersions = []string{want.StorageVersion}
-	if err := c.Status().Patch(ctx, crd, client.MergeFromWithOptions(original, client.MergeFromWithOptimisticLock{})); err != nil {
+		if !want.kept(ctx, crd) {
+			return ErrCRDChanged
+		}
+		if slices.Equal(crd.Status.StoredVersions, []string{want.StorageVersion}) {
+			return nil
+		}
+		for _, v := range crd.Status.StoredVersions {
+			if v != want.StorageVersion {
+				pruned = append(pruned, v)
+			}
+		}
+		original := crd.DeepCopy()
+		crd.Status.StoredVersions = []string{want.StorageVersion}
+		return c.Status().Patch(ctx, crd, client.MergeFromWithOptions(original, client.MergeFromWithOptimisticLock{}))
+	})
+	switch {
+	case errors.Is(err, ErrCRDChanged):
+		return nil, err
+	case err != nil:
 		return nil, fmt.Errorf("pruning status.storedVersions of %s: %w", want.Name, err)
 	}
 	return pruned, nil

@@ -11,6 +11,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -158,4 +159,29 @@ func (f Fixture) CreateObjects(tb testing.TB, version string, n int, spec func(i
 		tb.Fatal(err)
 	}
 	return keys
+}
+
+// DescribeSchema sets the description of version's schema: a change of
+// the CRD's spec (its generation moves) that leaves its storage version as
+// it is, as a webhook's caBundle injection or a GitOps re-apply does. It
+// returns the CRD's new generation.
+func (f Fixture) DescribeSchema(ctx context.Context, version, description string) (int64, error) {
+	var generation int64
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := f.Env.Client.Get(ctx, client.ObjectKey{Name: f.CRDName()}, crd); err != nil {
+			return err
+		}
+		i := slices.IndexFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == version })
+		if i < 0 || crd.Spec.Versions[i].Schema == nil || crd.Spec.Versions[i].Schema.OpenAPIV3Schema == nil {
+			return fmt.Errorf("CRD %s has no schema for %s", f.CRDName(), version)
+		}
+		crd.Spec.Versions[i].Schema.OpenAPIV3Schema.Description = description
+		if err := f.Env.Client.Update(ctx, crd); err != nil {
+			return err
+		}
+		generation = crd.Generation
+		return nil
+	})
+	return generation, err
 }
