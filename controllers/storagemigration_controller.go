@@ -38,21 +38,6 @@ import (
 	"github.com/restow/restow/internal/svm"
 )
 
-// resourceIndex indexes StorageMigrations by the CRD name of their resource
-// (resource.group), so a CRD event finds the migrations of its resource.
-const resourceIndex = "spec.resource"
-
-// Requeue delays.
-const (
-	// The API server usually stores at a new storage version within a
-	// fraction of a second of the CRD update; the wait backs off from
-	// waitForStorageVersionBase to waitForStorageVersionMax.
-	waitForStorageVersionBase = 100 * time.Millisecond
-	waitForStorageVersionMax  = 5 * time.Second
-	transientRetryDelay       = 5 * time.Second
-	restartDelay              = 100 * time.Millisecond
-)
-
 // StorageMigrationReconciler keeps each StorageMigration's resource fully
 // stored at its storage version.
 type StorageMigrationReconciler struct {
@@ -268,31 +253,30 @@ func reRunRequested(sm *migrationv1alpha1.StorageMigration) bool {
 // startIfNeeded resolves the resource and starts a run if it needs one.
 func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migrationv1alpha1.StorageMigration) (outcome, time.Duration) {
 	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
-	target, err := r.Migrator.Resolve(ctx, gr)
-	var waitErr *migrator.WaitError
-	var stalledErr *migrator.StalledError
-	if !errors.As(err, &waitErr) {
+	res := resolve(ctx, r.Migrator, gr)
+	if res.waiting == "" {
 		r.runs.waiting.Forget(sm.Name)
 	}
 	switch {
-	case waitErr != nil:
-		out := reconciling(migrationv1alpha1.WaitingForStorageVersionReason, waitErr.Message)
+	case res.waiting != "":
+		out := reconciling(migrationv1alpha1.WaitingForStorageVersionReason, res.waiting)
 		out.status.observedGeneration = set(sm.Generation)
 		return out, r.runs.waiting.When(sm.Name)
-	case errors.As(err, &stalledErr):
-		out := stalled(migrationv1alpha1.UnsupportedReason, stalledErr.Message)
+	case res.stalled != "":
+		out := stalled(migrationv1alpha1.UnsupportedReason, res.stalled)
 		out.status.observedGeneration = set(sm.Generation)
 		// A re-run requested now has its answer: it stalled.
 		out.status.lastHandledReRunToken = set(sm.Annotations[migrationv1alpha1.ReRunAnnotation])
 		var unsupported []stepEvent
-		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != stalledErr.Message {
+		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != res.stalled {
 			// Once per cause, not once per retry.
-			unsupported = append(unsupported, stepEvent{corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", stalledErr.Message})
+			unsupported = append(unsupported, stepEvent{corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", res.stalled})
 		}
 		return out.withEvents(unsupported...), r.runs.stalled.When(sm.Name)
-	case err != nil:
-		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(err)), transientRetryDelay
+	case res.transient != nil:
+		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(res.transient)), transientRetryDelay
 	}
+	target := res.target
 
 	why := passNeeded(sm, target)
 	if why == "" {
@@ -337,45 +321,33 @@ func passNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) 
 // from its checkpoint when it was taken on the same CRD at the same
 // generation (resumeFrom).
 func (r *StorageMigrationReconciler) startRun(ctx context.Context, sm *migrationv1alpha1.StorageMigration, target migrator.Target, why string) outcome {
-	opts := migrator.Options{
-		Concurrency:  r.Concurrency,
-		PageSize:     r.PageSize,
-		ViaStatus:    sm.Spec.RewriteViaStatus != nil && *sm.Spec.RewriteViaStatus,
-		RetryBackoff: r.RetryBackoff,
-		SettleWindow: r.SettleWindow,
-		Prune:        pruneEnabled(sm),
-	}
+	cp, resumed, startOver := migrator.ResumeFrom(checkpoint(&sm.Status), target)
+	opts := r.runOptions(pruneEnabled(sm), cp)
+	opts.ViaStatus = sm.Spec.RewriteViaStatus != nil && *sm.Spec.RewriteViaStatus
 	if sm.Spec.Concurrency != nil {
 		opts.Concurrency = int(*sm.Spec.Concurrency)
 	}
 	if sm.Spec.PageSize != nil {
 		opts.PageSize = int64(*sm.Spec.PageSize)
 	}
-	cp, resumed, startOver := migrator.ResumeFrom(checkpoint(&sm.Status), target)
 	if startOver != "" {
 		why = startOver
 	}
-	opts.Resume = cp
-	rn := newRun(target, cp)
 	// Written whether or not the run launches.
 	fields := statusFields{
 		targetVersion:         set(target.TargetVersion()),
 		observedGeneration:    set(sm.Generation),
 		lastHandledReRunToken: set(sm.Annotations[migrationv1alpha1.ReRunAnnotation]),
-		progress:              set(statusProgress(rn.state.progress)),
+		progress:              set(statusProgress(migrator.Progress{Checkpoint: *cp})),
 		failedObjects:         set(statusFailures(cp.Failures)),
 	}
 
-	log := ctrl.LoggerFrom(ctx)
-	launched := r.runs.launch(ctx, sm, rn, func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
-		return r.Migrator.Migrate(ctrl.LoggerInto(ctx, log), target, opts, observe)
-	})
-	if !launched {
+	if !r.runs.startRun(ctx, r.Migrator, sm, target, opts) {
 		out := reconciling(migrationv1alpha1.ProgressingReason, "The operator is stopping; the pass starts when it runs again")
 		out.status = fields
 		return out
 	}
-	log.Info("Starting pass", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed)
+	ctrl.LoggerFrom(ctx).Info("Starting pass", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed)
 	started := stepEvent{corev1.EventTypeNormal, "PassStarted", "Migrate", fmt.Sprintf("Rewriting %s to %s: %s", target.Resource.GroupResource(), target.TargetVersion(), why)}
 	out := reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why))
 	if switchedBy := cp.StartTime.Add(cp.LagWait); !resumed && time.Until(switchedBy) > time.Second {
@@ -383,8 +355,4 @@ func (r *StorageMigrationReconciler) startRun(ctx context.Context, sm *migration
 	}
 	out.status = fields
 	return out.withEvents(started)
-}
-
-func pruneEnabled(sm *migrationv1alpha1.StorageMigration) bool {
-	return sm.Spec.PruneStoredVersions == nil || *sm.Spec.PruneStoredVersions
 }
