@@ -197,3 +197,75 @@ func TestUnconvertibleWithOldVersionUnserved(t *testing.T) {
 	}
 	fx.AssertAllStoredAt(t, "v1", n)
 }
+
+// TestRecheckIsolatesAnUnconvertibleObject: an object written at the old
+// version within the settle window (here its value rewritten in etcd, as a
+// write that began on the old storage leaves it), that the conversion
+// webhook then refuses, once the old version is unserved: the re-check
+// lists it through v1 only, and its page fails there on every try. The
+// re-check must isolate it as the first pass does: name it as failed,
+// re-check the rest, prune nothing. (Without isolation in the re-check the
+// migration ended TransientError, the object never named: tried.)
+func TestRecheckIsolatesAnUnconvertibleObject(t *testing.T) {
+	const n, ns, late = 200, "m-1", "obj-00123"
+	hook := testenv.StartConversionWebhook(t, func(*unstructured.Unstructured, string) error { return nil })
+	fx := testenv.Fixture{Env: env, Group: "recheckunlisted.migrator.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true, Conversion: hook.Conversion()}
+	fx.Install(t, "v1beta1", "v1")
+	fx.CreateObjects(t, "v1beta1", n, func(i int) map[string]any { return map[string]any{"n": int64(i)} }, "m-0", ns)
+	t.Cleanup(func() { hook.Refuse(false, late) })
+	fx.SwitchStorage(t, "v1")
+	ctx := t.Context()
+
+	m, _ := newMigrator(t)
+	opts := migrator.Options{Prune: true, SettleWindow: 15 * time.Second, PageSize: 50,
+		RetryBackoff: wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 3}}
+	settling := make(chan migrator.Progress, 1)
+	type ended struct {
+		result migrator.Result
+		err    error
+	}
+	done := make(chan ended, 1)
+	go func() {
+		var once sync.Once
+		result, err := m.Migrate(ctx, resolve(t, m, fx), opts, func(p migrator.Progress) {
+			if p.Phase == migrator.PhaseSettling {
+				once.Do(func() { settling <- p })
+			}
+		})
+		done <- ended{result, err}
+	}()
+	var p migrator.Progress
+	select {
+	case p = <-settling:
+	case e := <-done:
+		t.Fatalf("the migration ended (%+v, %v) without settling", e.result.Counts, e.err)
+	}
+	if left := time.Until(p.SettleUntil); left < 5*time.Second {
+		t.Fatalf("the first pass took all but %s of the settle window: this test needs the write within it", left)
+	}
+	if err := env.StoreAt(ctx, fx.Group, fx.Plural, ns, late, fx.Group+"/v1beta1"); err != nil {
+		t.Fatal(err)
+	}
+	hook.Refuse(true, late)
+	if err := env.UpdateCRD(ctx, fx.CRDName(), func(crd *apiextensionsv1.CustomResourceDefinition) {
+		for i := range crd.Spec.Versions {
+			crd.Spec.Versions[i].Served = crd.Spec.Versions[i].Name == "v1"
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if time.Now().After(p.SettleUntil) {
+		t.Fatal("the settle window ended before the late write was in place: this test shows nothing")
+	}
+	e := <-done
+	if e.err != nil {
+		t.Fatalf("Migrate: %v (result %+v)", e.err, e.result.Counts)
+	}
+	t.Logf("result %+v; failures %+v", e.result.Counts, e.result.Failures)
+	if e.result.Failed != 1 || len(e.result.Failures) != 1 || e.result.Failures[0].Name != late ||
+		!strings.Contains(e.result.Failures[0].Message, "found by its key") || len(e.result.Pruned) != 0 {
+		t.Errorf("result = %+v, failures %+v, pruned %v; want %s/%s named as failed, nothing pruned", e.result.Counts, e.result.Failures, e.result.Pruned, ns, late)
+	}
+	fx.AssertStored(t, map[string]int{"v1": n - 1, "v1beta1": 1})
+	fx.AssertStoredVersions(t, "v1beta1", "v1")
+}

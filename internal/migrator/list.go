@@ -64,7 +64,7 @@ func (mg *migration) list(ctx context.Context, token string, whole bool, pages c
 			list, bodies, err = mg.listPage(ctx, token, limit, whole)
 			return err
 		})
-		if err != nil && whole && classify(err) == transient && mg.mayIsolate() {
+		if err != nil && classify(err) == transient && mg.mayIsolate() {
 			isolated, ierr := mg.isolate(ctx, token, limit, err, remaining)
 			if ierr == nil {
 				for _, pg := range isolated {
@@ -111,8 +111,10 @@ func (mg *migration) send(ctx context.Context, pages chan<- page, pg page) bool 
 }
 
 // mayIsolate reports whether a page that no served version lists may be
-// taken apart (isolate.go): in a whole resource's first pass, a CRD's, up to
-// maxFailedObjects times.
+// taken apart (isolate.go): in a pass over a whole resource, a CRD's, up to
+// maxFailedObjects times in a migration. The re-check isolates as the first
+// pass does: an object written at the old version within the settle window
+// that cannot be converted fails its page there too.
 func (mg *migration) mayIsolate() bool {
 	return mg.target.CRD != nil && !mg.target.Partial() && mg.isolated.Add(1) <= maxFailedObjects
 }

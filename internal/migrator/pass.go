@@ -239,13 +239,13 @@ func (mg *migration) commit(pg page, t *tally, recheck bool) {
 		c.Rechecked += t.migrated.Load() + t.alreadyStored.Load()
 	} else {
 		c.Listed += int64(len(pg.items)) + pg.uncounted
-		c.Failed += pg.uncounted
 		c.Migrated += t.migrated.Load()
 		c.AlreadyStored += t.alreadyStored.Load()
 		c.Skipped += t.skipped.Load()
 		mg.cp.Continue, mg.remaining = pg.next, pg.remaining
 	}
-	c.Failed += t.failed.Load()
+	// Objects passed over with an unlisted one failed, in either pass.
+	c.Failed += t.failed.Load() + pg.uncounted
 	for _, f := range t.failures {
 		seen := slices.ContainsFunc(mg.cp.Failures, func(g Failure) bool { return g.Namespace == f.Namespace && g.Name == f.Name })
 		if !seen && len(mg.cp.Failures) < maxFailedObjects {
