@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/svm"
 )
 
@@ -75,27 +76,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	m.APIServerAddresses, m.LagLimit = opts.APIServerAddresses, opts.LagLimit
 	m.SlotsChanged = func(running int) { passesRunning.Set(float64(running)) }
 	recorder := mgr.GetEventRecorder("restow")
-	version, err := svm.ServedVersion(m.Discovery)
+	standard, err := standardMigrations(ctx, mgr, m, opts)
 	if err != nil {
 		return err
-	}
-	log := ctrl.LoggerFrom(ctx)
-	if version != "" {
-		// A watch the service account may not list would keep the
-		// manager's caches from syncing, and the manager from starting.
-		err := mgr.GetAPIReader().List(ctx, svm.NewList(version), client.Limit(1))
-		if apierrors.IsForbidden(err) {
-			log.Error(err, "Leaving standard StorageVersionMigrations out: the service account may not list them (the ClusterRole of this release grants it)")
-			version = ""
-		}
-	}
-	var standard *StandardMigrations
-	if version != "" {
-		standard = &StandardMigrations{Version: version, Reader: mgr.GetCache(), Served: opts.ServeStandard}
-		log.Info("The cluster serves standard StorageVersionMigrations", "apiVersion", svm.GVK(version).GroupVersion().String(),
-			"serving", opts.ServeStandard, "deferring", opts.DeferToStandard)
-	} else if opts.ServeStandard {
-		log.Error(svm.ErrNotServed, "Not serving StorageVersionMigrations (--serve-storage-version-migrations): enable the API on the API server (Kubernetes 1.35 and later) and restart the manager")
 	}
 	migrations := &StorageMigrationReconciler{
 		Client:    mgr.GetClient(),
@@ -115,7 +98,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 			Cache:     mgr.GetCache(),
 			Migrator:  m,
 			Recorder:  recorder,
-			Version:   version,
+			Version:   standard.Version,
 			Options:   opts,
 		}
 		if err := served.SetupWithManager(mgr); err != nil {
@@ -138,4 +121,33 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("setting up automatic migration: %w", err)
 	}
 	return nil
+}
+
+// standardMigrations reads the standard StorageVersionMigrations of the
+// cluster, or returns nil when it serves none, or restow may not list them
+// (said in the log).
+func standardMigrations(ctx context.Context, mgr ctrl.Manager, m *migrator.Migrator, opts Options) (*StandardMigrations, error) {
+	version, err := svm.ServedVersion(m.Discovery)
+	if err != nil {
+		return nil, err
+	}
+	log := ctrl.LoggerFrom(ctx)
+	if version != "" {
+		// A watch the service account may not list would keep the
+		// manager's caches from syncing, and the manager from starting.
+		err := mgr.GetAPIReader().List(ctx, svm.NewList(version), client.Limit(1))
+		if apierrors.IsForbidden(err) {
+			log.Error(err, "Leaving standard StorageVersionMigrations out: the service account may not list them (the ClusterRole of this release grants it)")
+			version = ""
+		}
+	}
+	if version == "" {
+		if opts.ServeStandard {
+			log.Error(svm.ErrNotServed, "Not serving StorageVersionMigrations (--serve-storage-version-migrations): enable the API on the API server (Kubernetes 1.35 and later) and restart the manager")
+		}
+		return nil, nil
+	}
+	log.Info("The cluster serves standard StorageVersionMigrations", "apiVersion", svm.GVK(version).GroupVersion().String(),
+		"serving", opts.ServeStandard, "deferring", opts.DeferToStandard)
+	return &StandardMigrations{Version: version, Reader: mgr.GetCache(), Served: opts.ServeStandard}, nil
 }

@@ -92,8 +92,8 @@ func TestPassNeeded(t *testing.T) {
 			if tt.token != "" {
 				sm.Annotations = map[string]string{migrationv1alpha1.ReRunAnnotation: tt.token}
 			}
-			if why := passNeeded(sm, tt.target); (why != "") != tt.wantRun {
-				t.Errorf("passNeeded = %q, want a pass: %v", why, tt.wantRun)
+			if why := migrationNeeded(sm, tt.target); (why != "") != tt.wantRun {
+				t.Errorf("migrationNeeded = %q, want a pass: %v", why, tt.wantRun)
 			}
 		})
 	}

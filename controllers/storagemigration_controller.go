@@ -227,7 +227,7 @@ func (r *StorageMigrationReconciler) ended(ctx context.Context, sm *migrationv1a
 	case nextRestart:
 		return out, restartDelay
 	case nextResume:
-		ctrl.LoggerFrom(ctx).Info("Pass paused by a transient error, resuming later", "error", migrator.Message(state.err))
+		ctrl.LoggerFrom(ctx).Info("Migration paused by a transient error, resuming later", "error", migrator.Message(state.err))
 		return out, transientRetryDelay
 	case nextStalled:
 		return out, r.runs.stalled.When(sm.Name)
@@ -241,7 +241,7 @@ func (r *StorageMigrationReconciler) ended(ctx context.Context, sm *migrationv1a
 		out.events = append(out.events, stepEvent{corev1.EventTypeNormal, "Pruned", "Prune",
 			fmt.Sprintf("Removed %v from status.storedVersions of CRD %s", pruned, rn.target.CRD.Name)})
 	}
-	ctrl.LoggerFrom(ctx).Info("Pass succeeded", "targetVersion", v.summary.TargetVersion, "listed", v.summary.Listed, "migrated", v.summary.Migrated,
+	ctrl.LoggerFrom(ctx).Info("Migration succeeded", "targetVersion", v.summary.TargetVersion, "listed", v.summary.Listed, "migrated", v.summary.Migrated,
 		"skipped", v.summary.Skipped, "rechecked", v.summary.Rechecked, "pruned", v.summary.PrunedVersions)
 	return out, 0
 }
@@ -278,7 +278,7 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	}
 	target := res.target
 
-	why := passNeeded(sm, target)
+	why := migrationNeeded(sm, target)
 	if why == "" {
 		msg := fmt.Sprintf("All objects are stored at %s", target.TargetVersion())
 		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c != nil && c.Status == metav1.ConditionTrue &&
@@ -293,8 +293,8 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	return r.startRun(ctx, sm, target, why), r.StatusInterval
 }
 
-// passNeeded says why the resource needs a pass, or returns "".
-func passNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) string {
+// migrationNeeded says why the resource needs a migration, or returns "".
+func migrationNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) string {
 	last := sm.Status.LastPass
 	switch {
 	case sm.Status.Progress != nil:
@@ -347,7 +347,7 @@ func (r *StorageMigrationReconciler) startRun(ctx context.Context, sm *migration
 		out.status = fields
 		return out
 	}
-	ctrl.LoggerFrom(ctx).Info("Starting pass", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed)
+	ctrl.LoggerFrom(ctx).Info("Starting a migration", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed)
 	started := stepEvent{corev1.EventTypeNormal, "PassStarted", "Migrate", fmt.Sprintf("Rewriting %s to %s: %s", target.Resource.GroupResource(), target.TargetVersion(), why)}
 	out := reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why))
 	if switchedBy := cp.StartTime.Add(cp.LagWait); !resumed && time.Until(switchedBy) > time.Second {

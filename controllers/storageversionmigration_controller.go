@@ -141,7 +141,7 @@ func (r *StorageVersionMigrationReconciler) decide(ctx context.Context, m *svmv1
 		return svmOutcome{forget: true}
 	}
 	if other := otherStatusWriter(m); other != "" {
-		return conflictOutcome(m, other)
+		return conflictOutcome(other)
 	}
 	rn := r.runs.get(m.Name)
 	if rn != nil && rn.uid != m.UID {

@@ -37,7 +37,7 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, m *svmv1.
 	case err != nil:
 		return svmOutcome{requeue: r.runs.waiting.When(m.Name), err: err}
 	case older != nil:
-		return waitingForOlder(m, older, r.runs.waiting.When(m.Name))
+		return waitingForOlder(older, r.runs.waiting.When(m.Name))
 	}
 	claimed := m.Status.ResourceVersion != "" && meta.IsStatusConditionTrue(m.Status.Conditions, string(svmv1.MigrationRunning))
 	if wait := claimGrace - time.Since(m.CreationTimestamp.Time); !claimed && wait > 0 {
@@ -56,7 +56,7 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, m *svmv1.
 	case res.transient != nil:
 		out = svmOutcome{running: "Retrying after a transient error: " + migrator.Message(res.transient), requeue: transientRetryDelay}
 	case !claimed:
-		return r.claim(ctx, m, gr, res.target)
+		return r.claim(ctx, gr, res.target)
 	default:
 		return r.launch(ctx, m, gr, res.target)
 	}
@@ -91,9 +91,9 @@ func (r *StorageVersionMigrationReconciler) unsupported(m *svmv1.StorageVersionM
 	return out
 }
 
-// claim writes restow's claim on m: Running, and the resource version of a
+// claim writes restow's claim on the object: Running, and the resource version of a
 // list of the target now, which says which objects the migration covers.
-func (r *StorageVersionMigrationReconciler) claim(ctx context.Context, m *svmv1.StorageVersionMigration, gr schema.GroupResource, target migrator.Target) svmOutcome {
+func (r *StorageVersionMigrationReconciler) claim(ctx context.Context, gr schema.GroupResource, target migrator.Target) svmOutcome {
 	list, err := r.Migrator.Metadata.Resource(target.Resource).List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {
 		ctrl.LoggerFrom(ctx).Info("Could not read the resource version to claim a StorageVersionMigration with; retrying", "error", migrator.Message(err))
@@ -118,7 +118,7 @@ func (r *StorageVersionMigrationReconciler) launch(ctx context.Context, m *svmv1
 	if !r.runs.startRun(ctx, r.Migrator, m, target, r.runOptions(prune, cp)) {
 		return svmOutcome{}
 	}
-	ctrl.LoggerFrom(ctx).Info("Starting pass", "resource", gr, "targetVersion", target.TargetVersion(), "prune", prune)
+	ctrl.LoggerFrom(ctx).Info("Starting a migration", "resource", gr, "targetVersion", target.TargetVersion(), "prune", prune)
 	msg := fmt.Sprintf("restow is rewriting %s to %s", gr, target.TargetVersion())
 	if why != "" {
 		msg += "; " + why
@@ -165,9 +165,9 @@ func (r *StorageVersionMigrationReconciler) follow(rn *run, m *svmv1.StorageVers
 	return out
 }
 
-// conflictOutcome stops restow's run of m, if any: another controller
-// writes m's status. Its event and log say so once.
-func conflictOutcome(m *svmv1.StorageVersionMigration, other string) svmOutcome {
+// conflictOutcome stops restow's run of the object, if any: another
+// controller, other, writes its status. Its event and log say so once.
+func conflictOutcome(other string) svmOutcome {
 	msg := fmt.Sprintf("%q writes this StorageVersionMigration's status too: another controller (such as kube-controller-manager's) acts on it, "+
 		"so restow leaves it alone and writes nothing more. Turn off --serve-storage-version-migrations, or the other controller", other)
 	return svmOutcome{stop: true, events: []svmEvent{{
@@ -176,9 +176,9 @@ func conflictOutcome(m *svmv1.StorageVersionMigration, other string) svmOutcome 
 	}}}
 }
 
-// waitingForOlder says, once per older migration, that m waits for older,
+// waitingForOlder says, once per older migration, that the object waits for older,
 // and who writes that one's status.
-func waitingForOlder(m, older *svmv1.StorageVersionMigration, requeue time.Duration) svmOutcome {
+func waitingForOlder(older *svmv1.StorageVersionMigration, requeue time.Duration) svmOutcome {
 	by := "no controller has started it"
 	if other := otherStatusWriter(older); other != "" {
 		by = fmt.Sprintf("its status is written by %q", other)

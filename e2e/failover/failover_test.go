@@ -89,7 +89,7 @@ func TestLeaderKilledMidPass(t *testing.T) {
 	}
 	t.Logf("%s took the lease over %s after %s was killed", follower.Name, time.Since(killed).Round(time.Millisecond), leader.Name)
 	s.WaitMigrated("v1")
-	if !strings.Contains(follower.Logs(), "Starting pass") {
+	if !strings.Contains(follower.Logs(), "Starting a migration") {
 		t.Errorf("%s never ran a pass:\n%s", follower.Name, follower.Logs())
 	}
 	s.AssertDone("v1")

@@ -185,20 +185,9 @@ func (mg *migration) isolateAt(ctx context.Context, lo string, rv, limit int64, 
 		iso.rv = current
 	}
 	var pages []page
-	// The longest prefix of the page that lists.
-	good, bad := int64(0), limit
-	var prefix *metav1.PartialObjectMetadataList
-	for bad-good > 1 {
-		mid := (good + bad) / 2
-		list, err := mg.resource.List(ctx, metav1.ListOptions{Limit: mid, Continue: encodeContinue(cleanStart(lo), iso.rv)})
-		switch {
-		case err == nil:
-			good, prefix = mid, list
-		case objectFails(err):
-			bad = mid
-		default:
-			return nil, err
-		}
+	prefix, err := iso.longestPrefix(ctx, lo, limit)
+	if err != nil {
+		return nil, err
 	}
 	if prefix != nil {
 		metadataOnly(prefix.Items)
@@ -229,7 +218,35 @@ func (mg *migration) isolateAt(ctx context.Context, lo string, rv, limit int64, 
 	if again, err := iso.probe(ctx, key); err != nil || !again.failed {
 		return nil, errors.Join(fmt.Errorf("the object at key %q lists on a second look", key), err)
 	}
-	failed := page{items: []metav1.PartialObjectMetadata{{ObjectMeta: keyMeta(key, mg.target.Namespaced)}}, listed: time.Now(), resourceVersion: strconv.FormatInt(iso.rv, 10)}
+	klog.FromContext(ctx).Info("Isolated an object that no served version lists; passing over it", "key", key, "lists", iso.probes, "error", Message(listErr))
+	return append(pages, iso.failedPage(key, lo, after, before)), nil
+}
+
+// longestPrefix lists the longest prefix of the page from the key lo that
+// lists, halving the limit; nil when not even one object does.
+func (iso *isolation) longestPrefix(ctx context.Context, lo string, limit int64) (*metav1.PartialObjectMetadataList, error) {
+	good, bad := int64(0), limit
+	var prefix *metav1.PartialObjectMetadataList
+	for bad-good > 1 {
+		mid := (good + bad) / 2
+		list, err := iso.mg.resource.List(ctx, metav1.ListOptions{Limit: mid, Continue: encodeContinue(cleanStart(lo), iso.rv)})
+		switch {
+		case err == nil:
+			good, prefix = mid, list
+		case objectFails(err):
+			bad = mid
+		default:
+			return nil, err
+		}
+	}
+	return prefix, nil
+}
+
+// failedPage is the page of the object at key, passed over as failed, with
+// the objects before it since lo counted as failed too when the API
+// server's counts (before, after) show them, and the token after it.
+func (iso *isolation) failedPage(key, lo string, after probeResult, before *int64) page {
+	failed := page{items: []metav1.PartialObjectMetadata{{ObjectMeta: keyMeta(key, iso.mg.target.Namespaced)}}, listed: time.Now(), resourceVersion: strconv.FormatInt(iso.rv, 10)}
 	note := "passed over: no served version lists it, so it was found by its key"
 	switch {
 	case before == nil:
@@ -238,14 +255,13 @@ func (mg *migration) isolateAt(ctx context.Context, lo string, rv, limit int64, 
 		failed.uncounted = *before - after.atOrAfter - 1
 		note += fmt.Sprintf("; %d more before it, after %q, could not be listed either", failed.uncounted, strings.TrimSuffix(lo, "\x00"))
 	}
-	message := cut(note+": "+Message(listErr), maxMessageLength)
-	failed.unlisted = []*Failure{{Namespace: failed.items[0].Namespace, Name: failed.items[0].Name, Reason: reasonFor(listErr), Message: message}}
+	message := cut(note+": "+Message(iso.listErr), maxMessageLength)
+	failed.unlisted = []*Failure{{Namespace: failed.items[0].Namespace, Name: failed.items[0].Name, Reason: reasonFor(iso.listErr), Message: message}}
 	if after.item != nil {
 		failed.next = encodeContinue(key+"\x00", iso.rv)
 		failed.remaining = &after.atOrAfter
 	}
-	klog.FromContext(ctx).Info("Isolated an object that no served version lists; passing over it", "key", key, "lists", iso.probes, "error", Message(listErr))
-	return append(pages, failed), nil
+	return failed
 }
 
 // boundary finds, at or after lo, the key of an object that fails to list

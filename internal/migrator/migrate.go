@@ -15,7 +15,7 @@ import (
 	"github.com/restow/restow/internal/storedversions"
 )
 
-// The entry of the engine: Migrate (a whole migration) and Rewrite (its
+// The entry of the engine: Migrate (a whole migration) and FirstPass (its
 // first pass alone), and the state of one migration. Calls go one way from
 // here: into the wait for every API server (switch.go), into the pass (pass.go, which lists through list.go and writes
 // through write.go), and into the finish (finish.go). Leaves that every step
@@ -31,7 +31,7 @@ import (
 // an error wrapping storedversions.ErrCRDChanged when the CRD changed
 // meanwhile, so a new migration must start.
 func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
-	// A migration covers every object: only Rewrite starts after a token.
+	// A migration covers every object: only FirstPass starts after a token.
 	opts.Continue = ""
 	mg := newMigration(m, target, opts, observe)
 	if err := mg.checkViaStatus(); err != nil {
@@ -109,14 +109,14 @@ func (mg *migration) migrate(ctx context.Context, window *sync.WaitGroup) (Resul
 	return result, err
 }
 
-// Rewrite lists every object of the target and rewrites each unchanged, so
+// FirstPass lists every object of the target and rewrites each unchanged, so
 // the API server stores it at the storage version: the first pass of a
 // migration, without its finish. A rewrite that fails permanently is
 // recorded in the result and the pass goes on. It returns a *TransientError
 // when transient errors persist past the retry backoff and a *StalledError
 // when the resource cannot be listed or patched; either way the last
 // Progress has the token to resume from.
-func (m *Migrator) Rewrite(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
+func (m *Migrator) FirstPass(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
 	mg := newMigration(m, target, opts, observe)
 	if err := mg.checkViaStatus(); err != nil {
 		return mg.result(), err
@@ -130,7 +130,7 @@ func (m *Migrator) Rewrite(ctx context.Context, target Target, opts Options, obs
 	return mg.result(), err
 }
 
-// migration is the state of one Migrate or Rewrite.
+// migration is the state of one Migrate or FirstPass.
 type migration struct {
 	m        *Migrator
 	target   Target

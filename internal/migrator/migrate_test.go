@@ -599,7 +599,7 @@ func TestStaleBodyIsPatched(t *testing.T) {
 		})
 	}
 	m, sent := newMigratorFor(t, cfg)
-	result, err := m.Rewrite(ctx, resolve(t, m, fx), migrator.Options{Concurrency: 1, FixedConcurrency: true}, nil)
+	result, err := m.FirstPass(ctx, resolve(t, m, fx), migrator.Options{Concurrency: 1, FixedConcurrency: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -638,7 +638,7 @@ func TestBodyBudget(t *testing.T) {
 		fx := switched(t, tc.group, n)
 		m.BodyBytes = tc.budget
 		updates, patches := sent.updates.Load(), sent.patches.Load()
-		result, err := m.Rewrite(t.Context(), resolve(t, m, fx), migrator.Options{}, nil)
+		result, err := m.FirstPass(t.Context(), resolve(t, m, fx), migrator.Options{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,7 +11,7 @@
 //     makes a Target of a resource; lag.go: how many API servers there are
 //     and the lag bound; switch.go: knowing when every one has switched
 //     (migrate.go waits on it); count.go: how many objects a Target has.
-//   - migrate.go: the entry, Migrate and Rewrite, and the state of one
+//   - migrate.go: the entry, Migrate and FirstPass, and the state of one
 //     migration (newMigration decides whether a checkpoint resumes).
 //   - pass.go: the page loop of one pass; list.go: its list (isolate.go
 //     takes apart a page that one object fails); write.go: one object's

@@ -76,11 +76,7 @@ type pageWork struct {
 // from the checkpoint's token; in the re-check only the objects
 // mustRecheck picks, from the first page.
 func (mg *migration) pass(parent context.Context, recheck bool) error {
-	if mg.m.slotsBusy() {
-		mg.setWaitingForSlot(true)
-	}
-	release, err := mg.m.passSlot(parent)
-	mg.setWaitingForSlot(false)
+	release, err := mg.takeSlot(parent)
 	if err != nil {
 		return err
 	}
@@ -95,6 +91,8 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 	mg.pace = pace.New(ctx, mg.opts.Concurrency, mg.opts.FixedConcurrency, mg.m.Throttle)
 	mg.mu.Unlock()
 
+	ps := &passState{mg: mg, ctx: ctx, cancel: cancel, recheck: recheck,
+		ahead: make(chan struct{}, maxPagesAhead), work: make(chan job)}
 	// List one page ahead, so workers do not wait for the list between pages.
 	pages := make(chan page, 1)
 	listErr := make(chan error, 1)
@@ -102,112 +100,20 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 		defer close(pages)
 		listErr <- mg.list(ctx, token, !recheck, pages)
 	}()
-
-	// Pages are committed in the order they were listed.
-	var order struct {
-		sync.Mutex
-		queue []*pageWork
-		// broken stops commits for good: an object on a page was not done.
-		broken bool
-	}
-	ahead := make(chan struct{}, maxPagesAhead)
-	finish := func(pw *pageWork) {
-		order.Lock()
-		pw.done = true
-		committed := false
-		for len(order.queue) > 0 && order.queue[0].done {
-			head := order.queue[0]
-			order.queue = order.queue[1:]
-			mg.release(head.pg.charge)
-			if !order.broken && ctx.Err() == nil {
-				mg.commit(head.pg, &head.tally, recheck)
-				committed = true
-			} else {
-				order.broken = true
-			}
-			<-ahead
-		}
-		order.Unlock()
-		if committed {
-			mg.report()
-		}
-	}
-
-	type job struct {
-		obj   metav1.PartialObjectMetadata
-		index int
-		page  *pageWork
-	}
-	work := make(chan job)
 	var workers sync.WaitGroup
 	for range mg.opts.Concurrency {
-		workers.Go(func() {
-			for j := range work {
-				var body json.RawMessage
-				if bodies := j.page.pg.bodies; bodies != nil {
-					body = bodies[j.index]
-				}
-				if unlisted := j.page.pg.unlisted; unlisted != nil && unlisted[j.index] != nil {
-					j.page.tally.fail(*unlisted[j.index])
-				} else if err := mg.rewrite(ctx, j.obj, body, j.page.pg.listed, &j.page.tally); err != nil {
-					mg.stop(err)
-					cancel()
-				}
-				if bodies := j.page.pg.bodies; bodies != nil {
-					// Each worker owns the element of its object.
-					bodies[j.index] = nil
-				}
-				if j.page.pending.Add(-1) == 0 {
-					finish(j.page)
-				}
-			}
-		})
+		workers.Go(ps.rewriteJobs)
 	}
 	// Every page received gives its bodies' charge back when the pass ends,
 	// at the latest (keeping the charge, not the page, which the collector
 	// may free as soon as its objects are done).
-	var charges []*atomic.Int64
 	defer func() {
-		for _, charge := range charges {
+		for _, charge := range ps.charges {
 			mg.release(charge)
 		}
 	}()
-dispatch:
-	for pg := range pages {
-		if pg.charge != nil {
-			charges = append(charges, pg.charge)
-		}
-		if !recheck {
-			mg.noteListSnapshot(pg.resourceVersion)
-		}
-		select {
-		case ahead <- struct{}{}:
-		case <-ctx.Done():
-			break dispatch
-		}
-		pw := &pageWork{pg: pg}
-		// The page counts as pending until every object is handed out.
-		pw.pending.Store(1)
-		order.Lock()
-		order.queue = append(order.queue, pw)
-		order.Unlock()
-		for i, obj := range pg.items {
-			if recheck && !mg.mustRecheck(obj.ResourceVersion) {
-				continue
-			}
-			pw.pending.Add(1)
-			select {
-			case work <- job{obj: obj, index: i, page: pw}:
-			case <-ctx.Done():
-				// Never handed out: the page stays unfinished.
-				break dispatch
-			}
-		}
-		if pw.pending.Add(-1) == 0 {
-			finish(pw)
-		}
-	}
-	close(work)
+	ps.dispatch(pages)
+	close(ps.work)
 	workers.Wait()
 	cancel()
 	for pg := range pages {
@@ -225,6 +131,133 @@ dispatch:
 		return parent.Err()
 	default:
 		return lastListErr
+	}
+}
+
+// takeSlot waits for one of the passes that list and rewrite at once
+// (Migrator.MaxPasses), saying so while it waits, and returns the function
+// that frees it.
+func (mg *migration) takeSlot(ctx context.Context) (func(), error) {
+	if mg.m.slotsBusy() {
+		mg.setWaitingForSlot(true)
+	}
+	release, err := mg.m.passSlot(ctx)
+	mg.setWaitingForSlot(false)
+	return release, err
+}
+
+// passState is one pass under way: the pages it holds, in list order, and
+// the objects handed to its workers.
+type passState struct {
+	mg      *migration
+	ctx     context.Context
+	cancel  context.CancelFunc
+	recheck bool
+	// ahead holds a token for each page listed and not yet committed.
+	ahead chan struct{}
+	// work hands objects to the workers.
+	work chan job
+	// charges are the budget charges of every page received.
+	charges []*atomic.Int64
+
+	// mu guards the pages, committed in the order they were listed.
+	mu    sync.Mutex
+	queue []*pageWork
+	// broken stops commits for good: an object on a page was not done.
+	broken bool
+}
+
+// job is one object of a page, for a worker.
+type job struct {
+	obj   metav1.PartialObjectMetadata
+	index int
+	page  *pageWork
+}
+
+// dispatch hands the objects of each listed page to the workers, until the
+// list ends or the pass does.
+func (ps *passState) dispatch(pages <-chan page) {
+	for pg := range pages {
+		if pg.charge != nil {
+			ps.charges = append(ps.charges, pg.charge)
+		}
+		if !ps.recheck {
+			ps.mg.noteListSnapshot(pg.resourceVersion)
+		}
+		select {
+		case ps.ahead <- struct{}{}:
+		case <-ps.ctx.Done():
+			return
+		}
+		pw := &pageWork{pg: pg}
+		// The page counts as pending until every object is handed out.
+		pw.pending.Store(1)
+		ps.mu.Lock()
+		ps.queue = append(ps.queue, pw)
+		ps.mu.Unlock()
+		for i, obj := range pg.items {
+			if ps.recheck && !ps.mg.mustRecheck(obj.ResourceVersion) {
+				continue
+			}
+			pw.pending.Add(1)
+			select {
+			case ps.work <- job{obj: obj, index: i, page: pw}:
+			case <-ps.ctx.Done():
+				// Never handed out: the page stays unfinished.
+				return
+			}
+		}
+		if pw.pending.Add(-1) == 0 {
+			ps.pageDone(pw)
+		}
+	}
+}
+
+// rewriteJobs is a worker: it rewrites the objects handed to it, and ends
+// the pass at the first error that stops it.
+func (ps *passState) rewriteJobs() {
+	for j := range ps.work {
+		var body json.RawMessage
+		if bodies := j.page.pg.bodies; bodies != nil {
+			body = bodies[j.index]
+		}
+		if unlisted := j.page.pg.unlisted; unlisted != nil && unlisted[j.index] != nil {
+			j.page.tally.fail(*unlisted[j.index])
+		} else if err := ps.mg.rewrite(ps.ctx, j.obj, body, j.page.pg.listed, &j.page.tally); err != nil {
+			ps.mg.stop(err)
+			ps.cancel()
+		}
+		if bodies := j.page.pg.bodies; bodies != nil {
+			// Each worker owns the element of its object.
+			bodies[j.index] = nil
+		}
+		if j.page.pending.Add(-1) == 0 {
+			ps.pageDone(j.page)
+		}
+	}
+}
+
+// pageDone marks pw done and commits, in list order, every page at the head
+// of the queue that is done; once a page was not, none after it is.
+func (ps *passState) pageDone(pw *pageWork) {
+	ps.mu.Lock()
+	pw.done = true
+	committed := false
+	for len(ps.queue) > 0 && ps.queue[0].done {
+		head := ps.queue[0]
+		ps.queue = ps.queue[1:]
+		ps.mg.release(head.pg.charge)
+		if !ps.broken && ps.ctx.Err() == nil {
+			ps.mg.commit(head.pg, &head.tally, ps.recheck)
+			committed = true
+		} else {
+			ps.broken = true
+		}
+		<-ps.ahead
+	}
+	ps.mu.Unlock()
+	if committed {
+		ps.mg.report()
 	}
 }
 

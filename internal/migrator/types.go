@@ -104,7 +104,7 @@ type Options struct {
 	// It is ignored, and the migration starts over, unless it was taken on
 	// the same CRD (UID) at the same generation and target version.
 	Resume *Checkpoint
-	// Continue starts Rewrite after the page that ended with this token.
+	// Continue starts FirstPass after the page that ended with this token.
 	Continue string
 }
 
@@ -166,7 +166,7 @@ func (cp *Checkpoint) Resumes(target Target) bool {
 // does not resume, says why. The reconcilers call it before they launch a
 // migration (the StorageMigration one says in status, events and logs
 // whether it resumed, and why not), and
-// Migrate and Rewrite call it on Options.Resume as they begin, so a
+// Migrate and FirstPass call it on Options.Resume as they begin, so a
 // checkpoint that does not resume is never gone on from, whoever passed it.
 func ResumeFrom(saved *Checkpoint, target Target) (cp *Checkpoint, resumed bool, startOver string) {
 	if saved.Resumes(target) {

@@ -133,7 +133,7 @@ func strategies() []strategy {
 			if err != nil {
 				return err
 			}
-			result, err := c.migrator.Rewrite(ctx, target, opts, nil)
+			result, err := c.migrator.FirstPass(ctx, target, opts, nil)
 			if err == nil && result.Failed > 0 {
 				err = fmt.Errorf("%d objects failed: %+v", result.Failed, result.Failures)
 			}
