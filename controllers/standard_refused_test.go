@@ -9,6 +9,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	svmv1 "k8s.io/api/storagemigration/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -165,4 +166,54 @@ func eventCount(t *testing.T, name, reason string) int {
 		t.Logf("event of %s: %s %s (series %+v): %s", name, e.Type, e.Reason, e.Series, e.Note)
 	}
 	return n
+}
+
+// TestServedStandardMigrationTakenUpByTheInTreeRunner: a
+// kube-controller-manager that was down when the StorageVersionMigration was
+// created comes up, finds restow's claim and migrates it too. Its writes to
+// the object's status may change nothing, and leave no field manager; what
+// it leaves is the CRD's StorageMigrating condition naming the migration,
+// which its migration runner applies as "migration-runner-controller" (here
+// applied the same way, as no kube-controller-manager runs in this control
+// plane). restow must step back within --status-interval: a ControllerConflict
+// event, its run stopped, nothing more written, nothing pruned.
+func TestServedStandardMigrationTakenUpByTheInTreeRunner(t *testing.T) {
+	version := env.StandardVersion(t)
+	const name, settle = "gadgets-taken-up", 10 * time.Second
+	f := fixture{group: "takenup.svm.restow.dev", kind: "Gadget", plural: "gadgets", namespaced: true}
+	f.install(t, "v1beta1", "v1")
+	f.createObjects(t, 200, "svm-taken-up")
+	f.switchStorage(t, "v1")
+	startManagerWith(t, nil, controllers.Options{ServeStandard: true, SettleWindow: settle})
+	env.CreateStandardMigration(t, version, name, f.groupResource())
+	env.WaitEvent(t, svm.Kind, name, "PassStarted")
+
+	crd := f.crd(t)
+	original := crd.DeepCopy()
+	crd.Status.Conditions = append(crd.Status.Conditions, apiextensionsv1.CustomResourceDefinitionCondition{
+		Type: apiextensionsv1.StorageMigrating, Status: apiextensionsv1.ConditionTrue, Reason: "MigrationRunning",
+		Message: "Migration " + name + " is running", LastTransitionTime: metav1.Now(),
+	})
+	if err := env.Client.Status().Patch(t.Context(), crd, client.MergeFrom(original), client.FieldOwner("migration-runner-controller")); err != nil {
+		t.Fatal(err)
+	}
+	marked := time.Now()
+	conflict := env.WaitEvent(t, svm.Kind, name, controllers.ControllerConflictReason)
+	t.Logf("%s after the CRD was marked: %s", time.Since(marked).Round(time.Millisecond), conflict.Note)
+	if !strings.Contains(conflict.Note, "StorageMigrating") {
+		t.Errorf("ControllerConflict %q does not say what showed the other controller", conflict.Note)
+	}
+	// Past the end of the settle window restow's run would have reached.
+	time.Sleep(settle + 2*time.Second)
+	m, err := env.StandardMigration(t.Context(), version, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := svm.StateOf(m); s.Final() {
+		t.Errorf("state %s: restow wrote an end after another controller took the migration up", s)
+	}
+	f.assertStoredVersions(t, "v1beta1", "v1")
+	if got := metricValue(t, "restow_passes_total", map[string]string{"resource": f.crdName(), "result": "succeeded"}); got != 0 {
+		t.Errorf("restow_passes_total{result=succeeded} = %v, want 0", got)
+	}
 }

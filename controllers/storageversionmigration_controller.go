@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -141,7 +142,7 @@ func (r *StorageVersionMigrationReconciler) decide(ctx context.Context, m *svmv1
 		return svmOutcome{forget: true}
 	}
 	if other := otherStatusWriter(m); other != "" {
-		return conflictOutcome(other)
+		return conflictOutcome(other, fmt.Sprintf("%q writes this StorageVersionMigration's status too", other))
 	}
 	rn := r.runs.get(m.Name)
 	if rn != nil && rn.uid != m.UID {
@@ -152,7 +153,7 @@ func (r *StorageVersionMigrationReconciler) decide(ctx context.Context, m *svmv1
 	if rn == nil {
 		return r.start(ctx, m)
 	}
-	return r.follow(rn, m)
+	return r.follow(ctx, rn, m)
 }
 
 // otherStatusWriter returns the field manager, other than restow, that

@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	svmv1 "k8s.io/api/storagemigration/v1"
+	"k8s.io/apiextensions-apiserver/pkg/apihelpers"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -130,9 +132,13 @@ func (r *StorageVersionMigrationReconciler) launch(ctx context.Context, m *svmv1
 // follow says what the run rn of m is doing or, once it ended, how: the end
 // it records is the run's, as often as the write of it has to be tried; the
 // run is forgotten only once status holds it.
-func (r *StorageVersionMigrationReconciler) follow(rn *run, m *svmv1.StorageVersionMigration) svmOutcome {
+func (r *StorageVersionMigrationReconciler) follow(ctx context.Context, rn *run, m *svmv1.StorageVersionMigration) svmOutcome {
 	state := rn.read()
 	if !state.done {
+		if r.otherRunner(ctx, rn.target, m) {
+			return conflictOutcome(inTreeRunner, fmt.Sprintf("%q marks CRD %s as migrating this StorageVersionMigration (condition StorageMigrating) while restow's run is under way",
+				inTreeRunner, rn.target.CRD.Name))
+		}
 		return svmOutcome{running: runUnderWay(rn.target, state.progress, statusProgress(state.progress), time.Now()).message, requeue: r.StatusInterval}
 	}
 	v := judge(rn.target, state, time.Now())
@@ -165,11 +171,37 @@ func (r *StorageVersionMigrationReconciler) follow(rn *run, m *svmv1.StorageVers
 	return out
 }
 
+// inTreeRunner is the field manager of kube-controller-manager's migration
+// runner, which marks the CRD it migrates with the StorageMigrating
+// condition, "Migration <name> is running" (Kubernetes 1.35 and later).
+const inTreeRunner = "migration-runner-controller"
+
+// otherRunner reports whether another controller carries out m, as its CRD shows it: the
+// StorageMigrating condition that kube-controller-manager's migration
+// runner sets while it migrates a StorageVersionMigration, naming m. Its
+// writes to m's status may change nothing (restow's claim already says
+// Running), and so leave no field manager there; the CRD's condition is
+// what it leaves. False when nothing shows another runner, for a resource
+// without a CRD, or when the CRD cannot be read (looked at again at the
+// next --status-interval).
+func (r *StorageVersionMigrationReconciler) otherRunner(ctx context.Context, target migrator.Target, m *svmv1.StorageVersionMigration) bool {
+	if target.CRD == nil {
+		return false
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := r.Migrator.Reader.Get(ctx, client.ObjectKey{Name: target.CRD.Name}, crd); err != nil {
+		return false
+	}
+	c := apihelpers.FindCRDCondition(crd, apiextensionsv1.StorageMigrating)
+	return c != nil && c.Status == apiextensionsv1.ConditionTrue && strings.Contains(c.Message, "Migration "+m.Name+" is running")
+}
+
 // conflictOutcome stops restow's run of the object, if any: another
-// controller, other, writes its status. Its event and log say so once.
-func conflictOutcome(other string) svmOutcome {
-	msg := fmt.Sprintf("%q writes this StorageVersionMigration's status too: another controller (such as kube-controller-manager's) acts on it, "+
-		"so restow leaves it alone and writes nothing more. Turn off --serve-storage-version-migrations, or the other controller", other)
+// controller, other, acts on it, as evidence shows. Its event and log say
+// so once.
+func conflictOutcome(other, evidence string) svmOutcome {
+	msg := fmt.Sprintf("%s: another controller (such as kube-controller-manager's) acts on it, "+
+		"so restow leaves it alone and writes nothing more. Turn off --serve-storage-version-migrations, or the other controller", evidence)
 	return svmOutcome{stop: true, events: []svmEvent{{
 		stepEvent: stepEvent{corev1.EventTypeWarning, ControllerConflictReason, "Migrate", msg},
 		once:      saidConflict, onceAs: other, logError: true,
