@@ -95,7 +95,8 @@ func TestWebhookSentenceAsReasonStalls(t *testing.T) {
 // status.lastPass on this StorageMigration, the migration ends Stalled with
 // StatusRefused and the API server's answer, and is retried with backoff,
 // not at once (without the fallback, it stayed Progressing, resuming again
-// and again, and never said why: tried).
+// and again, and never said why: tried), and the same end is written again:
+// one run in all.
 func TestRefusedStatusStalls(t *testing.T) {
 	ctx := t.Context()
 	f := fixture{group: "refusedstatus.controllers.restow.dev", kind: "Sprocket", plural: "sprockets", namespaced: true}
@@ -121,6 +122,11 @@ func TestRefusedStatusStalls(t *testing.T) {
 		t.Errorf("Ready message = %q, want the policy's message", msg)
 	}
 	assertNoLoop(t, f.crdName(), 5*time.Second, 4)
+	// The run's end is written again from the same end, not from a new run
+	// (before, each try resumed the migration from its checkpoint).
+	if n := eventCount(t, "StorageMigration", sm.Name, "PassStarted"); n != 1 {
+		t.Errorf("%d runs started while the run's end was refused, want 1", n)
+	}
 }
 
 // refuseLastPass puts in force a ValidatingAdmissionPolicy that refuses any

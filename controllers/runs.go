@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,6 +32,11 @@ type run struct {
 	// the same name is another object.
 	uid    types.UID
 	target migrator.Target
+
+	// endRecorded is set once the events and metrics of the run's end were
+	// recorded: a later write of the same end (its status refused before)
+	// records them no more.
+	endRecorded atomic.Bool
 
 	mu    sync.Mutex
 	state runState
@@ -167,6 +173,16 @@ func (rs *runs) forget(name string) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	delete(rs.running, name)
+}
+
+// forgetRun drops the run rn of the object name once its end is recorded,
+// unless another run took its place meanwhile.
+func (rs *runs) forgetRun(name string, rn *run) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.running[name] == rn {
+		delete(rs.running, name)
+	}
 }
 
 // stop cancels the run of an object, if any, and forgets its backoff.

@@ -61,7 +61,7 @@ func TestServedStandardMigrationWhoseEndIsRefused(t *testing.T) {
 	if s := svm.StateOf(m); s != svm.Running || running == nil || !strings.Contains(running.Message, "The API server refused to record it") {
 		t.Errorf("state %s, Running %+v; want Running, its message saying the end was refused", s, running)
 	}
-	if n := eventCount(t, name, "PassStarted"); n != 1 {
+	if n := eventCount(t, svm.Kind, name, "PassStarted"); n != 1 {
 		t.Fatalf("%d runs started while restow's end was refused, want 1", n)
 	}
 
@@ -75,7 +75,7 @@ func TestServedStandardMigrationWhoseEndIsRefused(t *testing.T) {
 	f.assertStored(t, "v1", 300)
 	f.assertStoredVersions(t, "v1")
 	for reason, want := range map[string]int{"PassStarted": 1, migrationv1alpha1.SucceededReason: 1} {
-		if n := eventCount(t, name, reason); n != want {
+		if n := eventCount(t, svm.Kind, name, reason); n != want {
 			t.Errorf("%d %s events, want %d", n, reason, want)
 		}
 	}
@@ -147,8 +147,8 @@ func refuseSucceeded(t *testing.T, version, name string) (allow func(context.Con
 }
 
 // eventCount is how many times events of reason were recorded about the
-// StorageVersionMigration name, repeats in an event's series included.
-func eventCount(t *testing.T, name, reason string) int {
+// object of kind and name, repeats in an event's series included.
+func eventCount(t *testing.T, kind, name, reason string) int {
 	t.Helper()
 	var list eventsv1.EventList
 	if err := env.Client.List(t.Context(), &list); err != nil {
@@ -156,7 +156,7 @@ func eventCount(t *testing.T, name, reason string) int {
 	}
 	n := 0
 	for _, e := range list.Items {
-		if e.Regarding.Kind != svm.Kind || e.Regarding.Name != name || e.Reason != reason {
+		if e.Regarding.Kind != kind || e.Regarding.Name != name || e.Reason != reason {
 			continue
 		}
 		n++

@@ -48,6 +48,11 @@ type outcome struct {
 	events []stepEvent
 	// ended, when set, is the end of a run, for the metrics.
 	ended *runEnd
+	// settles, when set, is the ended run whose end this outcome records:
+	// the run is forgotten only once status holds its end, so a status the
+	// API server refuses is written again from the same end, never from a
+	// new run.
+	settles *run
 }
 
 // withEvents marks o as announced by the step that decided it, with the

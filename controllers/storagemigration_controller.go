@@ -142,11 +142,19 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 		return ctrl.Result{}, nil
 	}
 	original := sm.DeepCopy()
+	// settles is the ended run whose end this reconcile records.
+	var settles *run
 	defer func() {
 		if equality.Semantic.DeepEqual(original.Status, sm.Status) {
+			if settles != nil {
+				r.runs.forgetRun(sm.Name, settles)
+			}
 			return
 		}
 		err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(original))
+		if err == nil && settles != nil {
+			r.runs.forgetRun(sm.Name, settles)
+		}
 		switch {
 		case statusRefused(err):
 			err = r.recordStatusRefused(ctx, original, err)
@@ -163,6 +171,9 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	out, requeueAfter := r.reconcile(ctx, sm)
 	out.status.storageVersionMigrations = r.standardFor(ctx, sm)
 	r.record(sm, original, out)
+	if settles = out.settles; settles != nil {
+		settles.endRecorded.Store(true)
+	}
 	return ctrl.Result{RequeueAfter: requeueAfter}, nil
 }
 
@@ -186,16 +197,21 @@ func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migratio
 		out.status.failedObjects = set(statusFailures(state.progress.Failures))
 		return out, r.StatusInterval
 	}
-	r.runs.forget(sm.Name)
 	v := judge(rn.target, state, time.Now())
 	out, requeueAfter := r.ended(ctx, sm, rn, state, v)
+	out.settles = rn
+	if rn.endRecorded.Load() {
+		// Its end was recorded before and its status refused: this writes
+		// the same end again, and says nothing twice.
+		out.events, out.ended, out.announced = nil, nil, true
+	}
 	switch {
 	case rn.generation != sm.Generation && v.condition != conditionStalled:
 		// The spec changed after the run had ended: act on it now, so
 		// observedGeneration catches up. The end is recorded as judged;
 		// the conditions say a new run starts, and announce it.
 		restart := reconciling(migrationv1alpha1.ProgressingReason, "The spec changed; a new pass starts")
-		restart.status, restart.events, restart.ended = out.status, out.events, out.ended
+		restart.status, restart.events, restart.ended, restart.settles = out.status, out.events, out.ended, out.settles
 		return restart, restartDelay
 	case reRunRequested(sm):
 		// A re-run was requested while this run went on: it asks for a
