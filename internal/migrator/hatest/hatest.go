@@ -1,0 +1,223 @@
+// Package hatest runs the migration engine on control planes of several
+// kube-apiservers on one etcd, one of them seeing the storage switch late:
+// behind a balancer on loopback (no address of their own to reach them at),
+// and each on an address of its own in a network namespace, published in
+// the default/kubernetes Service's endpoints as a production control
+// plane's are. This package holds the case and its checks; the tests are
+// in two packages of their own, so that each runs beside the others rather
+// than inside their time: knowing (restow reads each server) and bound
+// (restow counts servers it cannot reach and waits for the lag bound).
+package hatest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/testenv"
+)
+
+// Main runs a test package of these cases.
+func Main(m *testing.M) {
+	// Without a logger, controller-runtime prints a stack trace after 30 s.
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}
+
+// LagCase is one migration behind a lagging API server.
+type LagCase struct {
+	Group string
+	// N objects; 3,000 when zero.
+	N int
+	// Lag is how late the lagging server sees the switch; EndsAfter, when
+	// set, ends the lag that long after the switch.
+	Lag, EndsAfter time.Duration
+	// LagBound and LagLimit set the Migrator's.
+	LagBound, LagLimit time.Duration
+	// Servers and Addresses are what Resolve must count, and find to
+	// reach the servers at.
+	Servers, Addresses int
+	// Knows: the first pass must start once every server showed the
+	// switch in its own discovery (after the lag, before the bound when
+	// the lag is shorter); otherwise it must rely on the bound.
+	Knows bool
+	// Says are what one of the messages the pass showed while it waited
+	// for the servers must each hold.
+	Says []string
+	// MidPass runs once the first objects are done.
+	MidPass func(ctx context.Context) error
+	// Stalled: the lag outlasts LagLimit, and the migration must stop,
+	// Stalled, naming the server, with nothing written or pruned.
+	Stalled bool
+}
+
+// WaitForSignals waits until the control plane's identity Leases and the
+// addresses in default/kubernetes's EndpointSlices are as many as given.
+func WaitForSignals(t *testing.T, ha *testenv.Env, leases, addresses int) {
+	t.Helper()
+	testenv.WaitProgress(t, "the API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
+		hostnames, listed, err := ha.APIServerSignals(ctx)
+		return len(hostnames) == leases && len(listed) == addresses, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, listed), err
+	})
+}
+
+// waitCaughtUp ends the lag and waits until the lagging API server (the
+// last) has seen fx's CRD as it is: the watch events it held back, such as
+// the prune, are due up to the lag after they happened, and the next case's
+// CRD comes after them.
+func waitCaughtUp(t *testing.T, ha *testenv.Env, fx testenv.Fixture) {
+	ha.SetWatchLag(0)
+	lagging, err := client.New(ha.ServerConfig(ha.APIServers()-1), client.Options{Scheme: ha.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitProgress(t, "the lagging API server to catch up", time.Minute, func(ctx context.Context) (bool, string, error) {
+		current, seen := &apiextensionsv1.CustomResourceDefinition{}, &apiextensionsv1.CustomResourceDefinition{}
+		if err := ha.Client.Get(ctx, client.ObjectKey{Name: fx.CRDName()}, current); err != nil {
+			return false, "", err
+		}
+		// resourceVersion 0: what its watch cache has seen.
+		if err := lagging.Get(ctx, client.ObjectKey{Name: fx.CRDName()}, seen, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: "0"}}); err != nil {
+			return false, "", err
+		}
+		return seen.ResourceVersion == current.ResourceVersion, fmt.Sprintf("it has seen the CRD at resourceVersion %s of %s", seen.ResourceVersion, current.ResourceVersion), nil
+	})
+}
+
+// MigrateBehindLag migrates the objects of a new CRD while one API server
+// of ha sees the storage switch tc.Lag late, and checks what tc says: how
+// many API servers restow counted and could reach, when its first pass
+// started, what it said while it waited, that it pruned nothing early (read
+// from etcd throughout) and that it ended with every object at v1 and
+// storedVersions [v1], or stopped Stalled with nothing written or pruned.
+func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
+	n := tc.N
+	if n == 0 {
+		n = 3000
+	}
+	ctx := testenv.Context(t, 5*time.Minute)
+	fx := testenv.Fixture{Env: ha, Group: tc.Group, Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	fx.CreateObjects(t, "v1beta1", n, func(i int) map[string]any { return map[string]any{"n": int64(i)} }, "ha-0", "ha-1")
+	observer := ha.ObservePrunes(t, fx.Group, fx.Plural, 20*time.Millisecond)
+
+	ha.SetWatchLag(tc.Lag)
+	// Deferred, not a cleanup: it waits on the test's context.
+	defer waitCaughtUp(t, ha, fx)
+	fx.SwitchStorage(t, "v1")
+	switched := time.Now()
+	if tc.EndsAfter > 0 {
+		end := time.AfterFunc(tc.EndsAfter, func() { ha.SetWatchLag(0) })
+		t.Cleanup(func() { end.Stop() })
+	}
+
+	m, err := migrator.NewForConfig(ha.Config, ha.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.LagBound, m.LagLimit = tc.LagBound, tc.LagLimit
+	// The readiness gate waits while its discovery read reaches the
+	// lagging server, as the controller's would.
+	var target migrator.Target
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		target, err = m.Resolve(ctx, schema.GroupResource{Group: fx.Group, Resource: fx.Plural})
+		var waiting *migrator.WaitError
+		if errors.As(err, &waiting) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Resolve: %d API servers (%s) at %v, waits at most %s", target.APIServers, target.APIServerSignals, target.APIServerAddresses, target.LagWait)
+	if target.APIServers != tc.Servers || len(target.APIServerAddresses) != tc.Addresses || target.LagWait != tc.LagBound {
+		t.Fatalf("Resolve counted %d API servers (%s) at %v and waits at most %s; want %d, %d addresses and the lag bound %s",
+			target.APIServers, target.APIServerSignals, target.APIServerAddresses, target.LagWait, tc.Servers, tc.Addresses, tc.LagBound)
+	}
+
+	start := time.Now()
+	var (
+		mu        sync.Mutex
+		firstPage time.Time
+		said      []string
+		midPass   = make(chan error, 1)
+	)
+	result, err := m.Migrate(ctx, target, migrator.Options{Prune: true, SettleWindow: 5 * time.Second}, func(p migrator.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if p.Switching != "" && !slices.Contains(said, p.Switching) {
+			said = append(said, p.Switching)
+		}
+		if firstPage.IsZero() && p.Done() > 0 {
+			firstPage = time.Now()
+			if tc.MidPass != nil {
+				go func() { midPass <- tc.MidPass(ctx) }()
+			}
+		}
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range said {
+		t.Logf("While it waited: %s", s)
+	}
+	for _, want := range tc.Says {
+		if !slices.ContainsFunc(said, func(s string) bool { return strings.Contains(s, want) }) {
+			t.Errorf("no message while the pass waited says %q; it said %q", want, said)
+		}
+	}
+	if tc.Stalled {
+		var stalled *migrator.StalledError
+		if !errors.As(err, &stalled) || !strings.Contains(stalled.Message, "--apiserver-lag-limit") {
+			t.Fatalf("Migrate = %v, want it Stalled at the lag limit", err)
+		}
+		t.Logf("Stalled after %s: %s", time.Since(start).Round(time.Millisecond), stalled.Message)
+		if result.Done() != 0 {
+			t.Errorf("%d objects were done before every API server switched", result.Done())
+		}
+		observer.AssertNoEarlyPrune(t, false)
+		fx.AssertStored(t, map[string]int{"v1beta1": n})
+		fx.AssertStoredVersions(t, "v1beta1", "v1")
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tc.MidPass != nil {
+		if err := <-midPass; err != nil {
+			t.Fatal(err)
+		}
+	}
+	observer.AssertNoEarlyPrune(t, true)
+	if !slices.Equal(result.Pruned, []string{"v1beta1"}) || result.Failed != 0 {
+		t.Errorf("result = %+v, want v1beta1 pruned and no failure", result)
+	}
+	afterSwitch, afterStart := firstPage.Sub(switched), firstPage.Sub(start)
+	t.Logf("First page done %s after the switch, %s after the migration began", afterSwitch.Round(time.Millisecond), afterStart.Round(time.Millisecond))
+	switch {
+	case tc.Knows && afterSwitch < tc.Lag:
+		t.Errorf("the first page was done %s after the switch, before the lagging server switched (%s)", afterSwitch, tc.Lag)
+	case tc.Knows && tc.Lag+5*time.Second < tc.LagBound && afterStart >= tc.LagBound:
+		t.Errorf("the first page was done %s after the migration began, past the lag bound of %s: every server showed the switch %s after it", afterStart, tc.LagBound, tc.Lag)
+	case !tc.Knows && afterStart < tc.LagBound-time.Second:
+		t.Errorf("the first page was done %s after the migration began, before the lag bound of %s", afterStart, tc.LagBound)
+	}
+	fx.AssertAllStoredAt(t, "v1", n)
+	fx.AssertStoredVersions(t, "v1")
+}
