@@ -31,7 +31,8 @@ import (
 // more than that and less: it moves with any spec change, and a switch away
 // and back moves it too. So the migration watches its CRD from the
 // resourceVersion Resolve read it at:
-//   - a state with another storage version or UID, or the CRD's deletion,
+//   - a state with another storage version or UID, or the CRD's deletion
+//     (from its deletionTimestamp on),
 //     ends the migration at once, when it is seen (ErrCRDChanged): objects
 //     written in that state may be stored at another version, and a new
 //     migration must cover them;
@@ -41,11 +42,14 @@ import (
 //     watch has delivered that very read's resourceVersion with nothing
 //     between it and the start unseen.
 //
-// Where the watch cannot say (no Config to watch with, the history
-// compacted away so the watch cannot resume, a watch refused), nothing is
-// accepted beyond the old rule: the generation must not have changed. A
-// watch that ends with a known change of generation ends the migration then
-// and there, rather than after a pass whose prune the rule would refuse.
+// Where the watch cannot say (no Config to watch with, a watch refused or
+// ended with an error, the history compacted away so the watch cannot
+// resume), nothing is accepted beyond the old rule: the generation must not
+// have changed. A watch that ends with a known change of generation ends
+// the migration then and there, rather than after a pass whose prune the
+// rule would refuse. One that cannot resume because its start was compacted
+// (RetryWatcher retries that without a word) does not end: the checks wait
+// historyCatchUp for it, and refuse.
 
 const (
 	// historyCatchUp bounds the wait for the watch to deliver the state a
@@ -153,6 +157,8 @@ func (h *crdHistory) note(ev watch.Event) bool {
 		h.changed = "it was deleted"
 	case crd.UID != h.want.UID:
 		h.changed = "it was deleted and created again"
+	case crd.DeletionTimestamp != nil:
+		h.changed = "it is being deleted"
 	case storedversions.StorageVersion(crd) != h.want.StorageVersion:
 		h.changed = fmt.Sprintf("its storage version became %s (generation %d)", storedversions.StorageVersion(crd), crd.Generation)
 	default:
@@ -193,7 +199,7 @@ func (h *crdHistory) kept(ctx context.Context, crd *apiextensionsv1.CustomResour
 	h.mu.Lock()
 	changed := h.changed
 	h.mu.Unlock()
-	if changed != "" || crd.UID != h.want.UID || storedversions.StorageVersion(crd) != h.want.StorageVersion {
+	if changed != "" || crd.UID != h.want.UID || crd.DeletionTimestamp != nil || storedversions.StorageVersion(crd) != h.want.StorageVersion {
 		return false
 	}
 	if crd.Generation == h.want.Generation {
@@ -226,8 +232,8 @@ func (h *crdHistory) refused(crd *apiextensionsv1.CustomResourceDefinition) erro
 	if changed != "" {
 		return h.err()
 	}
-	if crd.UID != h.want.UID || storedversions.StorageVersion(crd) != h.want.StorageVersion {
-		return fmt.Errorf("CRD %s: %w: its UID or storage version is not the one the migration began on", h.want.Name, storedversions.ErrCRDChanged)
+	if crd.UID != h.want.UID || crd.DeletionTimestamp != nil || storedversions.StorageVersion(crd) != h.want.StorageVersion {
+		return fmt.Errorf("CRD %s: %w: it is being deleted, or its UID or storage version is not the one the migration began on", h.want.Name, storedversions.ErrCRDChanged)
 	}
 	return fmt.Errorf("CRD %s: %w (generation %d, begun at %d, and the watch of the CRD did not show every state in between)", h.want.Name, storedversions.ErrCRDChanged, crd.Generation, h.want.Generation)
 }

@@ -26,6 +26,13 @@ func historyCRD(uid, storage string, generation int64, rv string) *apiextensions
 	}
 }
 
+// deleting marks crd as being deleted.
+func deleting(crd *apiextensionsv1.CustomResourceDefinition) *apiextensionsv1.CustomResourceDefinition {
+	now := metav1.Now()
+	crd.DeletionTimestamp = &now
+	return crd
+}
+
 // TestCRDHistory: a generation that moved is accepted only when the watch
 // delivered the very state read live and every state since the start kept
 // the storage version; a state with another storage version, UID or a
@@ -55,6 +62,9 @@ func TestCRDHistory(t *testing.T) {
 		{name: "deleted and created again", watching: true,
 			events: []watch.Event{{Type: watch.Modified, Object: historyCRD("b", "v1", 1, "120")}},
 			live:   historyCRD("a", "v1", 3, "100"), changed: "it was deleted and created again"},
+		{name: "being deleted", watching: true,
+			events: []watch.Event{{Type: watch.Modified, Object: deleting(historyCRD("a", "v1", 4, "120"))}},
+			live:   historyCRD("a", "v1", 3, "100"), changed: "it is being deleted"},
 		{name: "deleted", watching: true,
 			events: []watch.Event{{Type: watch.Deleted, Object: historyCRD("a", "v1", 3, "120")}},
 			live:   historyCRD("a", "v1", 3, "100"), changed: "it was deleted"},

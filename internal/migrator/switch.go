@@ -50,10 +50,13 @@ import (
 // What a hash does not say: which generation of the CRD the server has
 // seen. A server that lags across a switch away and back (A to B to A
 // within its lag) shows A's hash for the older generation and will yet
-// store at B for a while. restow starts a new migration for every change of
-// the CRD's generation, and its prune is bound to the generation it began
-// on, but it cannot see a server's generation; docs/architecture.md says
-// what that leaves.
+// store at B for a while. restow's watch of the CRD (history.go) ends a
+// migration at the state at B, and the next one waits for every server
+// again, but it cannot see which state a server has reached: a switch away
+// and back that completes before a migration begins, within one server's
+// lag, is not covered; docs/architecture.md says what that leaves. A change
+// of the CRD that keeps its storage version leaves a switched server
+// switched.
 
 const (
 	// APIServerServiceName is the name an API server's serving certificate

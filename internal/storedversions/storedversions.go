@@ -104,9 +104,10 @@ type Expected struct {
 	Kept func(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) bool
 }
 
-// kept reports whether crd is the CRD want describes, by Kept or the generation.
+// kept reports whether crd is the CRD want describes, not being deleted, by
+// Kept or the generation.
 func (want Expected) kept(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) bool {
-	if crd.UID != want.UID || StorageVersion(crd) != want.StorageVersion {
+	if crd.UID != want.UID || !crd.DeletionTimestamp.IsZero() || StorageVersion(crd) != want.StorageVersion {
 		return false
 	}
 	if want.Kept != nil {
