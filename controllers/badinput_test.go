@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -139,38 +138,20 @@ func refuseLastPass(t *testing.T, names []string, message string, probe *migrati
 	for i, n := range names {
 		quoted[i] = fmt.Sprintf("'%s'", n)
 	}
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "refuse-lastpass-" + probe.Name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-					Rule: admissionregistrationv1.Rule{APIGroups: []string{migrationv1alpha1.GroupVersion.Group}, APIVersions: []string{"*"},
-						Resources: []string{"storagemigrations/status"}},
-				},
-			}}},
-			Validations: []admissionregistrationv1.Validation{{
-				Expression: fmt.Sprintf("!(object.metadata.name in [%s]) || !has(object.status) || !has(object.status.lastPass)", strings.Join(quoted, ", ")),
-				Message:    message,
-			}},
-		},
+	rule := admissionregistrationv1.NamedRuleWithOperations{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+		Rule: admissionregistrationv1.Rule{APIGroups: []string{migrationv1alpha1.GroupVersion.Group}, APIVersions: []string{"*"},
+			Resources: []string{"storagemigrations/status"}},
+	}}
+	remove, err := env.EnforcePolicy(ctx, "refuse-lastpass-"+probe.Name, rule,
+		fmt.Sprintf("!(object.metadata.name in [%s]) || !has(object.status) || !has(object.status.lastPass)", strings.Join(quoted, ", ")), message)
+	if err != nil {
+		t.Fatal(err)
 	}
-	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName: policy.Name, ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
-		},
-	}
-	for _, o := range []client.Object{policy, binding} {
-		if err := env.Client.Create(ctx, o); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), o) })
-	}
+	t.Cleanup(func() { _ = remove(context.Background()) })
 	now := metav1.Now()
 	patch := fmt.Appendf(nil, `{"status":{"lastPass":{"startTime":%q,"completionTime":%q,"targetVersion":"v1"}}}`, now.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		err := env.Client.Status().Patch(ctx, probe, client.RawPatch(types.MergePatchType, patch))
 		if err == nil {
 			// Taken before the policy: take it back, and try again.

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -93,40 +92,20 @@ const succeededRefused = "this StorageVersionMigration may not succeed"
 // the policy.
 func refuseSucceeded(t *testing.T, version, name string) (allow func(context.Context) error) {
 	t.Helper()
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "refuse-succeeded-" + name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				ResourceNames: []string{name},
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-					Rule:       admissionregistrationv1.Rule{APIGroups: []string{svm.Group}, APIVersions: []string{"*"}, Resources: []string{"storageversionmigrations/status"}},
-				},
-			}}},
-			Validations: []admissionregistrationv1.Validation{{
-				Expression: "!has(object.status) || !has(object.status.conditions) || !object.status.conditions.exists(c, c.type == 'Succeeded' && c.status == 'True')",
-				Message:    succeededRefused,
-			}},
+	rule := admissionregistrationv1.NamedRuleWithOperations{
+		ResourceNames: []string{name},
+		RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{svm.Group}, APIVersions: []string{"*"}, Resources: []string{"storageversionmigrations/status"}},
 		},
 	}
-	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName:        policy.Name,
-			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
-		},
+	allow, err := env.EnforcePolicy(t.Context(), "refuse-succeeded-"+name, rule,
+		"!has(object.status) || !has(object.status.conditions) || !object.status.conditions.exists(c, c.type == 'Succeeded' && c.status == 'True')", succeededRefused)
+	if err != nil {
+		t.Fatal(err)
 	}
-	allow = func(ctx context.Context) error {
-		return client.IgnoreNotFound(env.Client.Delete(ctx, binding))
-	}
-	for _, o := range []client.Object{policy, binding} {
-		if err := env.Client.Create(t.Context(), o); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), o) })
-	}
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	t.Cleanup(func() { _ = allow(context.Background()) })
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		m, err := env.StandardMigration(ctx, version, name)
 		if err != nil {
 			return false, err
