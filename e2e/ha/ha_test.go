@@ -62,10 +62,15 @@ func TestLaggingAPIServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := scenario.New(t, ha, "ha-"+tc.name, scenario.WithObjects(haObjects))
 			manager := s.StartManager("manager")
-			// Started and leading before the lag: a lagging server slows
-			// every client whose watches it serves, a starting manager's
-			// cache sync too.
+			// Leading, its caches synced, before the lag: a server whose
+			// watch cache lags by more than 3 s refuses a starting
+			// informer's consistent watch for as long as it lags (client-go
+			// retries without end), and the balancer may send every
+			// request of the manager to it.
 			if err := manager.WaitLeader(t.Context(), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := manager.WaitWorking(t.Context(), time.Minute, "automigration", "storagemigration"); err != nil {
 				t.Fatal(err)
 			}
 			s.StartWriters(2)

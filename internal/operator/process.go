@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -190,6 +192,43 @@ func (p *Process) WaitLeader(ctx context.Context, timeout time.Duration) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// WaitWorking waits until each named controller has started its workers,
+// which controller-runtime does only once every informer the controller
+// watches through has synced (its "Starting workers" log line). Leading is
+// not enough for a test that then slows the API servers: a lagging server
+// answers a starting informer's consistent watch with "too large resource
+// version" for as long as it lags, and client-go retries that forever.
+func (p *Process) WaitWorking(ctx context.Context, timeout time.Duration, controllers ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		missing := p.idleControllers(controllers)
+		if len(missing) == 0 {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited: %w", p.Name, p.err)
+		case <-ctx.Done():
+			return fmt.Errorf("%s: controllers %v have not started their workers (their caches have not synced): %w", p.Name, missing, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// idleControllers are those of controllers that have not logged "Starting
+// workers" yet.
+func (p *Process) idleControllers(controllers []string) []string {
+	working := map[string]bool{}
+	for line := range strings.Lines(p.Logs()) {
+		var entry struct{ Msg, Controller string }
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "Starting workers" {
+			working[entry.Controller] = true
+		}
+	}
+	return slices.DeleteFunc(slices.Clone(controllers), func(c string) bool { return working[c] })
 }
 
 // PID is the manager's process ID.
