@@ -168,7 +168,7 @@ func (e *ControlPlane) waitStoresAt(ctx context.Context, name, version string) e
 // so the next test may reuse its name. It fails, saying how many objects are
 // left, once their number has not changed for a minute: a conversion webhook
 // that refuses or is down, for one, stops the API server from deleting them
-// (DisarmConversion before it).
+// (DisarmConversion, then PurgeObjects, before it).
 func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
 	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if err := e.Client.Delete(ctx, crd); client.IgnoreNotFound(err) != nil {
@@ -187,6 +187,22 @@ func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("waiting for CRD %s to be deleted: %w", name, err)
+	}
+	return nil
+}
+
+// PurgeObjects deletes every object of CRD name straight from etcd, as a
+// test's cleanup does before it deletes the CRD: the API server's own
+// deletion of a CRD's objects deletes them one by one, seconds for each
+// thousand objects a test leaves behind. The API servers' watch caches see
+// the deletions as they see any, decoding each deleted object, which for a
+// CRD converts it to the storage version: DisarmConversion first, or a
+// refusing webhook leaves them in the caches (and the CRD's deletion
+// waiting on them for good).
+func (e *ControlPlane) PurgeObjects(ctx context.Context, name string) error {
+	plural, group, _ := strings.Cut(name, ".")
+	if _, err := e.etcd.Delete(ctx, resourcePrefix(group, plural)+"/", clientv3.WithPrefix()); err != nil {
+		return fmt.Errorf("deleting CRD %s's objects from etcd: %w", name, err)
 	}
 	return nil
 }
