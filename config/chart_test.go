@@ -311,13 +311,17 @@ func TestChartManagerArgs(t *testing.T) {
 			"deferToStorageVersionMigrations": false, "serveStorageVersionMigrations": true,
 			"settleWindow": "5m", "statusInterval": "10s", "logLevel": "debug", "extraArgs": []any{"--log-encoding=console"},
 			"apiServerLagLimit": "20m", "apiServers": []any{"10.0.0.11:6443", "[fd00::12]:6443"},
+			"autoMigrateBuiltins": false, "autoMigrateBuiltinsExclude": []any{"events", "leases.coordination.k8s.io"},
+			"builtinDiscoveryInterval": "30m",
 		}, []string{
 			"--auto-migrate=false", "--auto-migrate-selector=app.kubernetes.io/part-of=shop",
+			"--auto-migrate-builtins=false", "--auto-migrate-builtins-exclude=events,leases.coordination.k8s.io", "--builtin-discovery-interval=30m",
 			"--defer-to-storage-version-migrations=false", "--serve-storage-version-migrations", "--concurrency=8", "--page-size=100",
 			"--settle-window=5m", "--apiserver-lag-limit=20m", "--apiservers=10.0.0.11:6443,[fd00::12]:6443",
 			"--status-interval=10s", "--log-level=debug", "--log-encoding=console",
 		}},
 		{"autoMigrate true is the binary's default", map[string]any{"autoMigrate": true}, nil},
+		{"no built-in resource left alone", map[string]any{"autoMigrateBuiltinsExclude": []any{}}, []string{"--auto-migrate-builtins-exclude="}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs, _ := renderChart(t, "restow", "restow-system", tc.values)

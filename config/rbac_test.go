@@ -45,6 +45,8 @@ import (
 //     groups stalls with reason Unsupported and the API server's refusal,
 //     and is not retried in a tight loop; so do Secrets, whose core group
 //     is not named;
+//   - in-process, with automatic migration of built-in resources, it
+//     records the baseline of one;
 //   - the manager binary, authenticated as the service account, holds the
 //     leader election lease and migrates a CRD.
 func TestManagerRBAC(t *testing.T) {
@@ -113,6 +115,20 @@ func TestManagerRBAC(t *testing.T) {
 		}
 		t.Logf("%d responses scanned, none with a Secret's data", scanned.Load())
 		deleteMigration(t, crontabs.crdName)
+	})
+
+	t.Run("records a built-in resource's baseline as the service account", func(t *testing.T) {
+		stop := operator.Start(t, cfg, env.Scheme, controllers.Options{
+			AutoMigrateBuiltIns: true, BuiltInExclude: env.BuiltInsExcept(t, "configmaps"),
+		})
+		defer stop()
+		defer deleteMigration(t, "configmaps")
+		// It watched the identity Leases, listed the APIServices, created
+		// the StorageMigration and read every API server's discovery.
+		sm := waitCondition(t, "configmaps", migrationv1alpha1.ReadyCondition, migrationv1alpha1.SucceededReason)
+		if sm.Status.Baseline == nil || sm.Status.Baseline.StorageVersion != "v1" || sm.Status.LastPass != nil {
+			t.Errorf("configmaps: baseline %+v, last pass %+v; want the baseline v1 and no pass", sm.Status.Baseline, sm.Status.LastPass)
+		}
 	})
 
 	t.Run("a group outside named-groups stalls as Unsupported", func(t *testing.T) {

@@ -77,6 +77,8 @@ func statusSummary(target migrator.Target, result migrator.Result, completion ti
 	}
 	if target.CRD != nil {
 		summary.ServedVersions = target.CRD.ServedVersions
+	} else {
+		summary.StorageVersionHash = target.StorageVersionHash
 	}
 	return summary
 }

@@ -60,6 +60,7 @@ type statusFields struct {
 	progress                 field[*migrationv1alpha1.PassProgress]
 	failedObjects            field[[]migrationv1alpha1.FailedObject]
 	lastPass                 field[*migrationv1alpha1.PassSummary]
+	baseline                 field[*migrationv1alpha1.StorageBaseline]
 	storageVersionMigrations field[[]migrationv1alpha1.StandardMigration]
 }
 
@@ -70,6 +71,7 @@ func (f statusFields) writeTo(s *migrationv1alpha1.StorageMigrationStatus) {
 	f.progress.writeTo(&s.Progress)
 	f.failedObjects.writeTo(&s.FailedObjects)
 	f.lastPass.writeTo(&s.LastPass)
+	f.baseline.writeTo(&s.Baseline)
 	f.storageVersionMigrations.writeTo(&s.StorageVersionMigrations)
 }
 

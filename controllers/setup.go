@@ -8,8 +8,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/svm"
@@ -60,6 +62,18 @@ type Options struct {
 	// ServeStandard runs restow's controller of standard
 	// StorageVersionMigrations, for clusters where no in-tree one runs.
 	ServeStandard bool
+	// AutoMigrateBuiltIns runs the automatic trigger of built-in resources
+	// (BuiltInMigrationReconciler): a StorageMigration for each, which
+	// records a baseline and re-stores the objects once a control-plane
+	// upgrade moves the storage version.
+	AutoMigrateBuiltIns bool
+	// BuiltInInterval is how often that trigger reads discovery besides at
+	// start and when an API server's identity Lease appears, goes or changes
+	// holder; zero means
+	// DefaultBuiltInInterval. BuiltInExclude are resource.group patterns it
+	// leaves alone.
+	BuiltInInterval time.Duration
+	BuiltInExclude  []string
 	// UnknownResourceGrace is how long a served StorageVersionMigration of a
 	// resource that does not exist waits before it ends Failed; zero means
 	// a minute, as the in-tree controller waits.
@@ -88,20 +102,21 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		Standard:  standard,
 		Options:   opts,
 	}
+	var wake chan event.GenericEvent
+	if opts.AutoMigrateBuiltIns {
+		wake = make(chan event.GenericEvent)
+		migrations.Wake = wake
+	}
 	if err := migrations.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
 	}
-	if standard != nil && opts.ServeStandard {
-		served := &StorageVersionMigrationReconciler{
-			Client:    mgr.GetClient(),
-			APIReader: mgr.GetAPIReader(),
-			Cache:     mgr.GetCache(),
-			Migrator:  m,
-			Recorder:  recorder,
-			Version:   standard.Version,
-			Options:   opts,
+	if opts.AutoMigrateBuiltIns {
+		if err := setupBuiltIns(mgr, m, opts, wake); err != nil {
+			return fmt.Errorf("setting up automatic migration of built-in resources: %w", err)
 		}
-		if err := served.SetupWithManager(mgr); err != nil {
+	}
+	if standard != nil && opts.ServeStandard {
+		if err := setupServed(mgr, m, standard, opts); err != nil {
 			return fmt.Errorf("setting up the StorageVersionMigration controller: %w", err)
 		}
 	}
@@ -121,6 +136,44 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("setting up automatic migration: %w", err)
 	}
 	return nil
+}
+
+// setupServed registers restow's controller of standard
+// StorageVersionMigrations.
+func setupServed(mgr ctrl.Manager, m *migrator.Migrator, standard *StandardMigrations, opts Options) error {
+	served := &StorageVersionMigrationReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Cache:     mgr.GetCache(),
+		Migrator:  m,
+		Recorder:  mgr.GetEventRecorder("restow"),
+		Version:   standard.Version,
+		Options:   opts,
+	}
+	return served.SetupWithManager(mgr)
+}
+
+// setupBuiltIns registers the automatic trigger of built-in resources.
+func setupBuiltIns(mgr ctrl.Manager, m *migrator.Migrator, opts Options, wake chan<- event.GenericEvent) error {
+	leases, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	interval := opts.BuiltInInterval
+	if interval <= 0 {
+		interval = DefaultBuiltInInterval
+	}
+	builtIns := &BuiltInMigrationReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Discovery: m.Discovery,
+		Leases:    leases,
+		Recorder:  mgr.GetEventRecorder("restow"),
+		Exclude:   opts.BuiltInExclude,
+		Interval:  interval,
+		Wake:      wake,
+	}
+	return builtIns.SetupWithManager(mgr)
 }
 
 // standardMigrations reads the standard StorageVersionMigrations of the

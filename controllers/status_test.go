@@ -62,15 +62,32 @@ func TestPassNeeded(t *testing.T) {
 		t.CRD.ServedVersions = versions
 		return t
 	}
+	builtIn := func(version, hash string) migrator.Target {
+		return migrator.Target{StorageVersion: version, StorageVersionHash: hash}
+	}
+	baseline := &migrationv1alpha1.StorageBaseline{StorageVersion: "v1beta1", StorageVersionHash: "beta="}
+	hashed := func(p *migrationv1alpha1.PassSummary, hash string) *migrationv1alpha1.PassSummary {
+		p.StorageVersionHash = hash
+		return p
+	}
 	tests := []struct {
 		name    string
 		status  migrationv1alpha1.StorageMigrationStatus
 		gen     int64
 		token   string
 		prune   bool
+		skip    bool
 		target  migrator.Target
 		wantRun bool
 	}{
+		{name: "built-in: first pass", gen: 1, target: builtIn("v1", "one="), wantRun: true},
+		{name: "built-in skipping: at its baseline", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline}, target: builtIn("v1beta1", "beta=")},
+		{name: "built-in skipping: moved from its baseline", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline}, target: builtIn("v1", "one="), wantRun: true},
+		{name: "built-in skipping: no hash to compare", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline}, target: builtIn("", "")},
+		{name: "built-in skipping: re-run requested", gen: 1, skip: true, token: token, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline}, target: builtIn("v1beta1", "beta="), wantRun: true},
+		{name: "built-in: hash moved since the last pass", gen: 1, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: hashed(done("v1", 0), "one=")}, target: builtIn("v1", "other="), wantRun: true},
+		{name: "built-in: at its last pass's hash", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: hashed(done("v1", 0), "one=")}, target: builtIn("v1", "one=")},
+		{name: "CRD: Skip has no effect", gen: 1, skip: true, prune: true, target: target("v1", "v1beta1", "v1"), wantRun: true},
 		{name: "first pass", gen: 1, prune: true, target: target("v1", "v1"), wantRun: true},
 		{name: "all done and pruned", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v1", "v1")},
 		{name: "old version still listed", gen: 1, prune: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: done("v1", 0)}, target: target("v1", "v1beta1", "v1"), wantRun: true},
@@ -89,6 +106,9 @@ func TestPassNeeded(t *testing.T) {
 			sm := &migrationv1alpha1.StorageMigration{Status: tt.status}
 			sm.Generation = tt.gen
 			sm.Spec.PruneStoredVersions = &tt.prune
+			if tt.skip {
+				sm.Spec.FirstPass = migrationv1alpha1.FirstPassSkip
+			}
 			if tt.token != "" {
 				sm.Annotations = map[string]string{migrationv1alpha1.ReRunAnnotation: tt.token}
 			}

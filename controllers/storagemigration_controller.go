@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -51,6 +52,10 @@ type StorageMigrationReconciler struct {
 	// Standard, when set, holds the standard StorageVersionMigrations, shown
 	// in status and events beside each StorageMigration of their resource.
 	Standard *StandardMigrations
+	// Wake, when set, brings StorageMigrations to look at again: those of
+	// built-in resources whose storage version moved
+	// (BuiltInMigrationReconciler), which no watched object shows.
+	Wake <-chan event.GenericEvent
 	// Options are the manager's; the reconciler reads the knobs of runs
 	// (Concurrency, PageSize, StatusInterval, StalledRetryBase and
 	// StalledRetryMax, RetryBackoff, SettleWindow).
@@ -98,6 +103,9 @@ func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr c
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4})
 	if r.Standard != nil {
 		b = b.Watches(svm.New(r.Standard.Version), handler.EnqueueRequestsFromMapFunc(r.migrationsForStandard), builder.WithPredicates(standardStateChanged))
+	}
+	if r.Wake != nil {
+		b = b.WatchesRawSource(source.Channel(r.Wake, &handler.EnqueueRequestForObject{}))
 	}
 	return b.Complete(r)
 }
@@ -236,6 +244,8 @@ func (r *StorageMigrationReconciler) ended(ctx context.Context, sm *migrationv1a
 		out.status.progress = set(statusProgress(state.progress))
 	}
 	if v.summary != nil {
+		// A pass that reached its end replaces the baseline, if any.
+		out.status.baseline = set[*migrationv1alpha1.StorageBaseline](nil)
 		out.status.lastPass = set(v.summary)
 		out.status.failedObjects = set(statusFailures(state.result.Failures))
 	}
@@ -293,8 +303,15 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(res.transient)), transientRetryDelay
 	}
 	target := res.target
-
+	if skipsFirstPass(sm, target) && sm.Status.Baseline == nil && !reRunRequested(sm) {
+		return recordBaseline(sm, target), 0
+	}
 	why := migrationNeeded(sm, target)
+	if why == "" && skipsFirstPass(sm, target) {
+		// Still at the baseline: say so, not that every object is known
+		// to be stored at it.
+		return recordBaseline(sm, target), 0
+	}
 	if why == "" {
 		msg := fmt.Sprintf("All objects are stored at %s", target.TargetVersion())
 		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c != nil && c.Status == metav1.ConditionTrue &&
@@ -309,19 +326,61 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	return r.startRun(ctx, sm, target, why), r.StatusInterval
 }
 
+// skipsFirstPass says whether sm takes the objects of target to be stored
+// at the storage version it first finds (spec.firstPass: Skip) rather than
+// rewrite them before any change: a built-in resource only, which has run
+// no pass yet.
+func skipsFirstPass(sm *migrationv1alpha1.StorageMigration, target migrator.Target) bool {
+	return sm.Spec.FirstPass == migrationv1alpha1.FirstPassSkip && target.CRD == nil &&
+		sm.Status.LastPass == nil && sm.Status.Progress == nil
+}
+
+// recordBaseline is the outcome of a StorageMigration that skips its first
+// pass while nothing moved: at first sight, the storage version the API
+// servers store at now (every one, by Resolve) is recorded, and nothing is
+// rewritten; after, the baseline is kept. Without a storageVersionHash
+// restow cannot tell when the storage version changes, and says so.
+func recordBaseline(sm *migrationv1alpha1.StorageMigration, target migrator.Target) outcome {
+	gr := target.Resource.GroupResource()
+	var out outcome
+	if target.StorageVersionHash == "" {
+		out = ready(fmt.Sprintf("Nothing rewritten (spec.firstPass: Skip): discovery publishes no storageVersionHash for %s, so restow cannot tell when its storage version changes; request a pass with the re-run annotation (kubectl restow migrate)", gr))
+	} else {
+		version := target.StorageVersion
+		if version == "" {
+			version = "the version of storageVersionHash " + target.StorageVersionHash
+		}
+		out = ready(fmt.Sprintf("Baseline recorded, nothing rewritten (spec.firstPass: Skip): the API servers store %s at %s; restow takes every object to be stored there, and re-stores them once the storage version changes", gr, version))
+		baseline := sm.Status.Baseline
+		if baseline == nil {
+			baseline = &migrationv1alpha1.StorageBaseline{
+				StorageVersion: target.StorageVersion, StorageVersionHash: target.StorageVersionHash, RecordedAt: metav1.Now(),
+			}
+		}
+		out.status.baseline = set(baseline)
+	}
+	out.status.observedGeneration = set(sm.Generation)
+	out.status.targetVersion = set(target.TargetVersion())
+	return out
+}
+
 // migrationNeeded says why the resource needs a migration, or returns "".
 func migrationNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Target) string {
 	last := sm.Status.LastPass
 	switch {
 	case sm.Status.Progress != nil:
 		return "resuming an interrupted pass"
-	case last == nil:
+	case last == nil && !skipsFirstPass(sm, target):
 		return "first pass"
 	case sm.Generation != sm.Status.ObservedGeneration:
 		return "the spec changed"
 	case reRunRequested(sm):
 		return "a re-run was requested"
+	case last == nil:
+		return storageMoved(sm.Status.Baseline, target)
 	case last.TargetVersion != target.TargetVersion():
+		return "the storage version changed"
+	case target.CRD == nil && last.StorageVersionHash != "" && target.StorageVersionHash != "" && last.StorageVersionHash != target.StorageVersionHash:
 		return "the storage version changed"
 	case last.Failed > 0:
 		return "retrying objects that failed"
@@ -331,6 +390,20 @@ func migrationNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Tar
 		return "a version stopped being served: re-pointing managedFields that name it"
 	}
 	return ""
+}
+
+// storageMoved says why a StorageMigration that skipped its first pass runs
+// one now: the storage version moved from its baseline. "" while it has
+// not, or when no baseline could be recorded.
+func storageMoved(baseline *migrationv1alpha1.StorageBaseline, target migrator.Target) string {
+	if baseline == nil || target.StorageVersionHash == "" || baseline.StorageVersionHash == target.StorageVersionHash {
+		return ""
+	}
+	from := baseline.StorageVersion
+	if from == "" {
+		from = "storageVersionHash " + baseline.StorageVersionHash
+	}
+	return fmt.Sprintf("the storage version moved from %s, the baseline, to %s", from, target.TargetVersion())
 }
 
 // startRun launches a run in the background, resuming an interrupted one

@@ -16,6 +16,12 @@ const ReRunAnnotation = "migration.restow.dev/requested-at"
 // by it.
 const AutomaticLabel = "migration.restow.dev/automatic"
 
+// BuiltInLabel marks, beside AutomaticLabel, a StorageMigration that restow
+// created by itself for a built-in resource (served by kube-apiserver
+// itself): it is named after the resource, owned by nothing, and skips its
+// first pass (spec.firstPass: Skip).
+const BuiltInLabel = "migration.restow.dev/built-in"
+
 // AutoMigrateAnnotation on a CRD, set to "false", opts the CRD out of
 // automatic migration: restow creates no StorageMigration for it by itself.
 // A StorageMigration made by hand still runs.
@@ -58,6 +64,17 @@ type StorageMigrationSpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	// +optional
 	PageSize *int32 `json:"pageSize,omitempty"`
+
+	// firstPass says what happens before the first pass: Run (the default)
+	// rewrites every object at once; Skip, for a resource not served from
+	// a CRD, records the storage version the API servers store at now as
+	// status.baseline and rewrites nothing until it moves (after a
+	// control-plane upgrade); it has no effect for a CRD's resource.
+	// restow's automatic migration of built-in resources creates its
+	// StorageMigrations with Skip.
+	// +kubebuilder:default=Run
+	// +optional
+	FirstPass FirstPass `json:"firstPass,omitempty"`
 }
 
 // GroupResource names a resource by API group and plural resource name.
@@ -135,6 +152,13 @@ type StorageMigrationStatus struct {
 	// +optional
 	StorageVersionMigrations []StandardMigration `json:"storageVersionMigrations,omitempty"`
 
+	// baseline is, for a StorageMigration whose spec.firstPass is Skip and
+	// that has run no pass yet, the storage version the API servers stored
+	// the resource at when restow first saw it: its objects are taken to be
+	// stored there, and a pass runs once the storage version moves from it.
+	// +optional
+	Baseline *StorageBaseline `json:"baseline,omitempty"`
+
 	// lastHandledReRunToken is the value of the re-run annotation handled last:
 	// it is recorded when a pass starts for it, or when the migration stalls
 	// before a pass could start. A client that set the annotation waits for
@@ -144,6 +168,40 @@ type StorageMigrationStatus struct {
 	// +optional
 	LastHandledReRunToken string `json:"lastHandledReRunToken,omitempty"`
 }
+
+// StorageBaseline is the storage version restow found a resource at before
+// any pass: see StorageMigrationSpec.FirstPass.
+type StorageBaseline struct {
+	// storageVersion is the version storageVersionHash names, if restow
+	// knows it.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	StorageVersion string `json:"storageVersion,omitempty"`
+
+	// storageVersionHash is the storageVersionHash discovery published.
+	// +kubebuilder:validation:MaxLength=64
+	// +required
+	StorageVersionHash string `json:"storageVersionHash"`
+
+	// recordedAt is when restow recorded it.
+	// +required
+	RecordedAt metav1.Time `json:"recordedAt"`
+}
+
+// FirstPass says what a new StorageMigration does before it has run a pass.
+// +kubebuilder:validation:Enum=Run;Skip
+type FirstPass string
+
+const (
+	// FirstPassRun rewrites every object at once.
+	FirstPassRun FirstPass = "Run"
+	// FirstPassSkip records the storage version the API servers store at
+	// now as status.baseline, takes every object to be stored at it, and
+	// runs a first pass only once the storage version moves from it. It
+	// has no effect for a resource served from a CRD, whose
+	// status.storedVersions says what is stored.
+	FirstPassSkip FirstPass = "Skip"
+)
 
 // StandardMigration is a standard StorageVersionMigration of a resource.
 type StandardMigration struct {
@@ -296,6 +354,14 @@ type PassSummary struct {
 	// +kubebuilder:validation:MaxLength=63
 	// +optional
 	TargetVersion string `json:"targetVersion,omitempty"`
+
+	// storageVersionHash is, for a resource not served from a CRD, the
+	// storageVersionHash the API servers' discovery published for it when
+	// the pass began: the version its objects are stored at since. A pass
+	// runs again when discovery publishes another.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	StorageVersionHash string `json:"storageVersionHash,omitempty"`
 
 	// servedVersions are the versions the CRD served when the pass began.
 	// When one of them stops being served, a new pass re-points managedFields

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -189,6 +190,15 @@ func (o *options) validate() (labels.Selector, error) {
 			}
 			return nil
 		},
+		func() error { return positive("builtin-discovery-interval", o.builtInInterval, "") },
+		func() error {
+			for _, p := range splitList(o.builtInExclude) {
+				if _, err := path.Match(p, ""); err != nil {
+					return usagef("--auto-migrate-builtins-exclude: %q is not a pattern: %v", p, err)
+				}
+			}
+			return nil
+		},
 		func() error { return address("metrics-bind-address", o.metricsAddr, false) },
 		func() error { return address("health-probe-bind-address", o.probeAddr, true) },
 		func() error { return address("pprof-bind-address", o.pprofAddr, true) },
@@ -246,4 +256,15 @@ func address(name, addr string, emptyIsOff bool) error {
 		return usagef("--%s %q is not an address: want host:port or :port (such as :8443), or 0 to turn it off", name, addr)
 	}
 	return nil
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(value string) []string {
+	var items []string
+	for _, item := range strings.Split(value, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			items = append(items, item)
+		}
+	}
+	return items
 }

@@ -60,6 +60,9 @@ type options struct {
 	deferToStandard      bool
 	serveStandard        bool
 	autoMigrateSelector  string
+	autoMigrateBuiltIns  bool
+	builtInInterval      time.Duration
+	builtInExclude       string
 	printVersion         bool
 }
 
@@ -104,6 +107,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.serveStandard, "serve-storage-version-migrations", false, "Act as the controller of standard StorageVersionMigrations, for clusters whose kube-controller-manager runs none; restow leaves alone any that another controller writes.")
 	fs.StringVar(&o.autoMigrateSelector, "auto-migrate-selector", "", `Label selector limiting automatic migration to the CRDs it matches, e.g. "app.kubernetes.io/part-of=shop"; empty selects every CRD.`)
 	fs.DurationVar(&o.stalledRetryMax, "stalled-retry-max", 30*time.Minute, "Longest delay before a Stalled migration is tried again.")
+	fs.BoolVar(&o.autoMigrateBuiltIns, "auto-migrate-builtins", true, "Create a StorageMigration for every built-in resource (served by kube-apiserver itself) that records the storage version the API servers store it at, rewriting nothing, and re-stores its objects once a control-plane upgrade moves that version and every API server stores at the new one.")
+	fs.DurationVar(&o.builtInInterval, "builtin-discovery-interval", controllers.DefaultBuiltInInterval, "How often the built-in resources' storage versions are read from discovery, besides at start and when an API server's identity Lease in kube-system appears, goes or changes holder; a server restarted in place keeps its Lease, so this period is what sees an in-place upgrade.")
+	fs.StringVar(&o.builtInExclude, "auto-migrate-builtins-exclude", strings.Join(controllers.DefaultBuiltInExclude, ","), `Comma-separated resource.group patterns (shell-style, "events" for the core group's, "*.example.io") of built-in resources that --auto-migrate-builtins leaves alone; empty leaves none alone.`)
 }
 
 // The manager's exit codes.
@@ -270,6 +276,9 @@ func run(args []string, stdout io.Writer) error {
 		DeferToStandard:     opts.deferToStandard,
 		ServeStandard:       opts.serveStandard,
 		AutoMigrateSelector: selector,
+		AutoMigrateBuiltIns: opts.autoMigrateBuiltIns,
+		BuiltInInterval:     opts.builtInInterval,
+		BuiltInExclude:      splitList(opts.builtInExclude),
 	})
 	if err != nil {
 		return err

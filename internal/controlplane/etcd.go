@@ -89,18 +89,27 @@ func (e *ControlPlane) StoreAt(ctx context.Context, group, resource, namespace, 
 // StoredVersions reads every object of a resource straight from etcd and
 // counts them by the apiVersion they are encoded at.
 func (e *ControlPlane) StoredVersions(ctx context.Context, group, resource string) (map[string]int, error) {
+	return e.countStored(ctx, resourcePrefix(group, resource)+"/")
+}
+
+// BuiltInStoredVersions is StoredVersions for a built-in resource, which
+// kube-apiserver keeps under /registry/<resource>/ whatever its group.
+func (e *ControlPlane) BuiltInStoredVersions(ctx context.Context, resource string) (map[string]int, error) {
+	return e.countStored(ctx, path.Join(etcdPrefix, resource)+"/")
+}
+
+func (e *ControlPlane) countStored(ctx context.Context, prefix string) (map[string]int, error) {
 	counts := map[string]int{}
-	err := e.forEachStored(ctx, group, resource, func(o StoredObject) error {
+	err := e.forEachStoredUnder(ctx, prefix, func(o StoredObject) error {
 		counts[o.APIVersion]++
 		return nil
 	})
 	return counts, err
 }
 
-// forEachStored calls fn for every object of a resource in etcd, reading in
-// pages so a large resource never sits in memory at once.
-func (e *ControlPlane) forEachStored(ctx context.Context, group, resource string, fn func(StoredObject) error) error {
-	prefix := resourcePrefix(group, resource) + "/"
+// forEachStoredUnder calls fn for every object whose key starts with
+// prefix, reading in pages so a large resource never sits in memory at once.
+func (e *ControlPlane) forEachStoredUnder(ctx context.Context, prefix string, fn func(StoredObject) error) error {
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	from := prefix
 	for {

@@ -129,15 +129,16 @@ func (e *ControlPlane) startOwnAddresses(ctx context.Context, opts Options) erro
 // RestartOwnAPIServer stops API server i of those on addresses of their
 // own (SIGTERM, SIGKILL after APIServerShutdownGrace), as a rolling update
 // of the control plane would, and starts it again in its network namespace
-// with the same flags, address and certificate. It returns once the new
-// process answers /readyz.
-func (e *ControlPlane) RestartOwnAPIServer(ctx context.Context, i int) error {
+// with the same flags, less those named in without (such as
+// "emulated-version": an upgrade to the binary's own release), address and
+// certificate. It returns once the new process answers /readyz.
+func (e *ControlPlane) RestartOwnAPIServer(ctx context.Context, i int, without ...string) error {
 	if !e.ownAddresses || i < 0 || i >= len(e.extra) {
 		return fmt.Errorf("no API server %d on an address of its own", i)
 	}
 	old := e.extra[i]
 	Terminate(old.cmd.Process, old.exited, APIServerShutdownGrace)
-	server, err := startExtraAPIServer(old.binary, old.args, old.name, old.network)
+	server, err := startExtraAPIServer(old.binary, withoutFlag(stringsToBytes(old.args), without...), old.name, old.network)
 	if err != nil {
 		return err
 	}
@@ -235,4 +236,12 @@ func (e *ControlPlane) APIServerSignals(ctx context.Context) (hostnames, address
 	sort.Strings(hostnames)
 	sort.Strings(addresses)
 	return hostnames, addresses, nil
+}
+
+func stringsToBytes(args []string) [][]byte {
+	out := make([][]byte, len(args))
+	for i, a := range args {
+		out[i] = []byte(a)
+	}
+	return out
 }

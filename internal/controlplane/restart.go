@@ -28,11 +28,18 @@ const APIServerShutdownGrace = 10 * time.Second
 // server's certificate and address do not change.
 func (e *ControlPlane) RestartAPIServer(ctx context.Context, down time.Duration) (stopped, ready time.Duration, err error) {
 	start := time.Now()
-	err = e.restartAPIServer(ctx, down, func() { stopped = time.Since(start) })
+	err = e.restartAPIServer(ctx, down, func() { stopped = time.Since(start) }, nil)
 	return stopped, time.Since(start), err
 }
 
-func (e *ControlPlane) restartAPIServer(ctx context.Context, down time.Duration, onStopped func()) error {
+// RestartAPIServerWithout restarts kube-apiserver as RestartAPIServer does,
+// at once, without the flags named (such as "emulated-version": an upgrade
+// of the control plane to the binary's own release).
+func (e *ControlPlane) RestartAPIServerWithout(ctx context.Context, flags ...string) error {
+	return e.restartAPIServer(ctx, 0, func() {}, flags)
+}
+
+func (e *ControlPlane) restartAPIServer(ctx context.Context, down time.Duration, onStopped func(), without []string) error {
 	if e.ownAddresses {
 		return errors.New("RestartAPIServer restarts envtest's API server, which Options.OwnAddresses retires")
 	}
@@ -76,9 +83,7 @@ func (e *ControlPlane) restartAPIServer(ctx context.Context, down time.Duration,
 		return ctx.Err()
 	}
 	cmd := exec.Command(string(args[0]))
-	for _, a := range args[1:] {
-		cmd.Args = append(cmd.Args, string(a))
-	}
+	cmd.Args = append(cmd.Args, withoutFlag(args[1:], without...)...)
 	cmd.Stdout, cmd.Stderr = nil, nil
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting kube-apiserver again: %w", err)

@@ -30,6 +30,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/endpoints/discovery"
 	clientdiscovery "k8s.io/client-go/discovery"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
@@ -254,13 +256,17 @@ type Target struct {
 	// discovery's storageVersionHash says the API server stores at; "" when
 	// discovery does not say.
 	StorageVersion string
+	// StorageVersionHash is, for a resource not served from a CRD, the
+	// storageVersionHash discovery published when Resolve read it: what
+	// each API server's own discovery must show before the first pass.
+	StorageVersionHash string
 	// CRD is set when the resource is served from a CustomResourceDefinition.
 	CRD *CRDState
 	// LagWait is how long after Resolve saw the switch every API server
 	// stores at the target version (lag.go): the lag bound with several API
 	// servers or an unknown number; zero with one, and for built-in
-	// resources. The first pass waits for it, and the settle window counts
-	// from its end.
+	// resources whose discovery publishes no storageVersionHash. The first
+	// pass waits for it, and the settle window counts from its end.
 	LagWait time.Duration
 	// APIServers is how many API servers Resolve counted for a CRD, or 0 when
 	// it could not tell; APIServerSignals says what each signal said.
@@ -335,12 +341,66 @@ func (m *Migrator) Resolve(ctx context.Context, gr schema.GroupResource) (Target
 	if err != nil {
 		return Target{}, err
 	}
-	return Target{
-		Resource:       mapping.Resource,
-		Kind:           mapping.GroupVersionKind.Kind,
-		Namespaced:     mapping.Scope.Name() == meta.RESTScopeNameNamespace,
-		StorageVersion: m.builtInStorageVersion(gr, mapping.GroupVersionKind.Kind),
-	}, nil
+	target := Target{
+		Resource:   mapping.Resource,
+		Kind:       mapping.GroupVersionKind.Kind,
+		Namespaced: mapping.Scope.Name() == meta.RESTScopeNameNamespace,
+	}
+	target.StorageVersion, target.StorageVersionHash = m.builtInStorageVersion(gr, mapping.GroupVersionKind.Kind)
+	if target.StorageVersionHash == "" {
+		// Nothing shows which version any server stores at (an aggregated
+		// API, or discovery without hashes): nothing to wait for either.
+		return target, nil
+	}
+	return m.resolveBuiltIn(ctx, target)
+}
+
+// resolveBuiltIn counts the API servers for a resource that is not served
+// from a CRD, as resolveCRD does: during a control-plane upgrade or
+// rollback the servers store it at different versions, and a rewrite
+// through one not yet upgraded stores the old version again. It reads the
+// own discovery of each server at an address it has, and waits (a
+// *WaitError, so no pass holds a slot meanwhile) while any stores at
+// another version than the one Resolve read, or cannot be read: an upgrade
+// may take hours, not the seconds of a CRD informer's lag, and restarts
+// every server. The first pass then waits for the servers as a CRD's does
+// (switch.go), relying on the lag bound only for servers it has no address
+// of.
+func (m *Migrator) resolveBuiltIn(ctx context.Context, target Target) (Target, error) {
+	lagWait, servers, err := m.lagWait(ctx)
+	if err != nil {
+		return Target{}, err
+	}
+	target.LagWait, target.APIServers, target.APIServerSignals = lagWait, servers.servers, servers.signals
+	target.APIServerAddresses, target.unseen = servers.addresses, servers.unseen
+	if lagWait == 0 || len(target.APIServerAddresses) == 0 {
+		return target, nil
+	}
+	var said []string
+	differ, unread := false, false
+	for _, s := range m.readSwitch(ctx, target, target.StorageVersionHash, target.knownVersions()) {
+		switch {
+		case s.err != "":
+			said = append(said, fmt.Sprintf("%s cannot be read (%s)", s.address, s.err))
+			unread = true
+		default:
+			said = append(said, fmt.Sprintf("%s stores at %s", s.address, s.stores))
+			differ = differ || s.stores != target.TargetVersion()
+		}
+	}
+	switch {
+	case differ:
+		return Target{}, &WaitError{Message: fmt.Sprintf(
+			"The API servers store %s at different versions, as during a control-plane upgrade or rollback: each server's own discovery shows %s. restow re-stores once every server stores at one version",
+			target.Resource.GroupResource(), strings.Join(said, "; "))}
+	case unread:
+		// A server restarting, as each does in an upgrade, may come back
+		// at another version: nothing is known of it until it answers.
+		return Target{}, &WaitError{Message: fmt.Sprintf(
+			"restow cannot read every API server's own discovery of %s, and a server that restarts, as in an upgrade, may store at another version: %s. It looks again until each answers",
+			target.Resource.GroupResource(), strings.Join(said, "; "))}
+	}
+	return target, nil
 }
 
 func (m *Migrator) restMapping(gr schema.GroupResource) (*meta.RESTMapping, error) {
@@ -357,24 +417,27 @@ func (m *Migrator) restMapping(gr schema.GroupResource) (*meta.RESTMapping, erro
 	return nil, &TransientError{Err: fmt.Errorf("resolving %s: %w", gr, err)}
 }
 
-// builtInStorageVersion finds the version whose storageVersionHash discovery
-// publishes for the resource: the version the API server encodes it at,
-// which need not be the preferred version it serves. It returns "" when
-// discovery does not say (an aggregated API, or a discovery error).
-func (m *Migrator) builtInStorageVersion(gr schema.GroupResource, kind string) string {
+// builtInStorageVersion finds the storageVersionHash discovery publishes for
+// the resource and the version it names: the version the API server
+// encodes it at, which need not be the preferred version it serves, nor a
+// served one (a server that emulates an older release may store at a
+// version it does not serve). The version is looked for among those
+// discovery serves and those restow's scheme knows; it is "" when the hash
+// names none of them, and both are "" when discovery does not say (an
+// aggregated API, or a discovery error).
+func (m *Migrator) builtInStorageVersion(gr schema.GroupResource, kind string) (version, hash string) {
 	groups, err := m.Discovery.ServerGroups()
 	if err != nil {
-		return ""
+		return "", ""
 	}
 	i := slices.IndexFunc(groups.Groups, func(g metav1.APIGroup) bool { return g.Name == gr.Group })
 	if i < 0 {
-		return ""
+		return "", ""
 	}
 	var versions []string
 	for _, v := range groups.Groups[i].Versions {
 		versions = append(versions, v.Version)
 	}
-	var hash string
 	for _, v := range versions {
 		resources, err := m.Discovery.ServerResourcesForGroupVersion(schema.GroupVersion{Group: gr.Group, Version: v}.String())
 		if err != nil {
@@ -385,7 +448,19 @@ func (m *Migrator) builtInStorageVersion(gr schema.GroupResource, kind string) s
 			break
 		}
 	}
-	return versionWithHash(gr.Group, kind, versions, hash)
+	return versionWithHash(gr.Group, kind, builtInVersions(gr.Group, versions), hash), hash
+}
+
+// builtInVersions are served, then the versions of group that client-go's
+// scheme knows (every built-in group's), each once.
+func builtInVersions(group string, served []string) []string {
+	versions := slices.Clone(served)
+	for _, gv := range clientgoscheme.Scheme.PrioritizedVersionsForGroup(group) {
+		if !slices.Contains(versions, gv.Version) {
+			versions = append(versions, gv.Version)
+		}
+	}
+	return versions
 }
 
 // versionWithHash returns the version of versions whose storage version hash

@@ -106,19 +106,18 @@ func (mg *migration) awaitSwitch(ctx context.Context) error {
 	mg.mu.Lock()
 	by, allSwitched, done := mg.switchedBy, mg.cp.AllSwitched, mg.cp.Done()
 	mg.mu.Unlock()
-	if mg.target.LagWait == 0 || allSwitched || done > 0 || mg.target.CRD == nil || len(mg.target.APIServerAddresses) == 0 || !time.Now().Before(by) {
+	want := mg.target.storageVersionHash()
+	if mg.target.LagWait == 0 || allSwitched || done > 0 || want == "" || len(mg.target.APIServerAddresses) == 0 || !time.Now().Before(by) {
 		return pace.SleepUntil(ctx, later(by, mg.cp.StartTime.Add(informerLag)))
 	}
 	bound := by
 	limit := bound.Add(max(mg.m.lagLimit(), mg.m.lagBound()) - mg.cp.LagWait)
 	state := &switchState{switched: map[string]bool{}, lagging: map[string]time.Time{}}
-	gvk := mg.target.Resource.GroupVersion().WithKind(mg.target.Kind)
-	want := discovery.StorageVersionHash(gvk.Group, gvk.Version, gvk.Kind)
-	versions := slices.Concat(mg.target.CRD.ServedVersions, mg.target.CRD.StoredVersions)
+	versions := mg.target.knownVersions()
 	log := klog.FromContext(ctx)
 	polls := 0
 	err := wait.PollUntilContextCancel(ctx, switchPoll, true, func(ctx context.Context) (bool, error) {
-		if polls++; polls%crdCheckPolls == 0 {
+		if polls++; polls%crdCheckPolls == 0 && mg.target.CRD != nil {
 			// The CRD may change while the servers are read: a new
 			// migration starts then, rather than a wait for a version the
 			// servers no longer switch to.
@@ -155,6 +154,28 @@ func (mg *migration) awaitSwitch(ctx context.Context) error {
 		return err
 	}
 	return pace.SleepUntil(ctx, mg.switchTimes().by)
+}
+
+// storageVersionHash is what an API server's own discovery shows for the
+// target once it stores at the target version: for a CRD, the hash of its
+// storage version (discovery.StorageVersionHash); for another resource, the
+// hash Resolve read. "" when discovery publishes none.
+func (t Target) storageVersionHash() string {
+	if t.CRD == nil {
+		return t.StorageVersionHash
+	}
+	return discovery.StorageVersionHash(t.Resource.Group, t.Resource.Version, t.Kind)
+}
+
+// knownVersions are the versions a server's storageVersionHash is matched
+// against to name the version it stores at: a CRD's served and stored
+// versions, or a built-in group's served versions and those restow's scheme
+// knows.
+func (t Target) knownVersions() []string {
+	if t.CRD == nil {
+		return builtInVersions(t.Resource.Group, []string{t.Resource.Version})
+	}
+	return slices.Concat(t.CRD.ServedVersions, t.CRD.StoredVersions)
 }
 
 // crdCheckPolls is how many reads of the servers come between reads of the
@@ -251,7 +272,11 @@ func (m *Migrator) readServer(ctx context.Context, address string, target Target
 	}
 	gv := target.Resource.GroupVersion()
 	resources := &metav1.APIResourceList{}
-	err = dc.RESTClient().Get().AbsPath("/apis", gv.Group, gv.Version).Do(ctx).Into(resources)
+	path := "/apis/" + gv.String()
+	if gv.Group == "" {
+		path = "/api/" + gv.Version // the core group's
+	}
+	err = dc.RESTClient().Get().AbsPath(path).Do(ctx).Into(resources)
 	switch {
 	case apierrors.IsNotFound(err):
 		// A server that answers, verified, and does not serve the group

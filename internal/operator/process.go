@@ -89,8 +89,9 @@ type ProcessOptions struct {
 	// Kubeconfig is the file the manager reaches the API server with.
 	Kubeconfig string
 	// Args are added after the defaults (loopback metrics without TLS and
-	// probes on free ports, leader election in the default namespace) and
-	// override them, since the last occurrence of a flag wins.
+	// probes on free ports, leader election in the default namespace, no
+	// automatic migration of built-in resources) and override them, since
+	// the last occurrence of a flag wins.
 	Args []string
 }
 
@@ -119,6 +120,9 @@ func StartProcess(tb testing.TB, opts ProcessOptions) *Process {
 		"--metrics-secure=false",
 		"--health-probe-bind-address=127.0.0.1:" + ports[1],
 		"--leader-election-namespace=default",
+		// A test of built-in resources turns it on: elsewhere it would
+		// add a StorageMigration for each to every control plane.
+		"--auto-migrate-builtins=false",
 	}, opts.Args...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), "GOTRACEBACK=all")

@@ -59,6 +59,15 @@ manager.
 {{- with .Values.autoMigrateSelector }}
 - --auto-migrate-selector={{ . }}
 {{- end }}
+{{- if not .Values.autoMigrateBuiltins }}
+- --auto-migrate-builtins=false
+{{- end }}
+{{- if kindIs "slice" .Values.autoMigrateBuiltinsExclude }}
+- --auto-migrate-builtins-exclude={{ join "," .Values.autoMigrateBuiltinsExclude }}
+{{- end }}
+{{- with .Values.builtinDiscoveryInterval }}
+- --builtin-discovery-interval={{ . }}
+{{- end }}
 {{- if not .Values.deferToStorageVersionMigrations }}
 - --defer-to-storage-version-migrations=false
 {{- end }}

@@ -1,0 +1,387 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+)
+
+// BuiltInMigrationReconciler keeps a StorageMigration for every built-in
+// resource (served by kube-apiserver itself, not from a CRD or an aggregated
+// API) that restow can migrate, so that a control-plane upgrade that moves
+// one's storage version gets its objects re-stored without anyone asking.
+//
+// It creates them with spec.firstPass Skip: at first sight the
+// StorageMigration records the storage version the API servers store at as
+// its baseline and rewrites nothing (restow cannot know what earlier
+// releases stored; kubectl restow verify can). It reads discovery at start,
+// when an API server's identity Lease appears, goes or changes holder (a
+// server on a new host; one restarted in place keeps its Lease, so the
+// period sees an in-place upgrade) and every Interval, and wakes the StorageMigrations whose
+// resource's storageVersionHash moved from the one they recorded; the
+// StorageMigration controller then waits for every API server to store at
+// the new version before the pass. It deletes only the StorageMigrations it
+// made, once their resource is gone from discovery.
+type BuiltInMigrationReconciler struct {
+	Client client.Client
+	// APIReader lists APIServices live.
+	APIReader client.Reader
+	// Discovery reads the API servers' discovery, uncached.
+	Discovery discovery.DiscoveryInterface
+	// Leases lists and watches the API servers' identity Leases.
+	Leases   kubernetes.Interface
+	Recorder events.EventRecorder
+	// Exclude holds resource.group patterns (path.Match syntax, "events"
+	// for the core group's) of resources left alone.
+	Exclude []string
+	// Interval is how often discovery is read when nothing else says to.
+	Interval time.Duration
+	// Wake reaches the StorageMigration controller.
+	Wake chan<- event.GenericEvent
+}
+
+// The reconciler's requests: it looks at every resource at once. builtInKey
+// comes at start and every Interval; serversKey when an API server's
+// identity Lease appears, goes or changes holder.
+var (
+	builtInKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "built-in-resources"}}
+	serversKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "api-servers"}}
+)
+
+// DefaultBuiltInInterval is how often the built-in resources' discovery is
+// read by default, as kube-storage-version-migrator's trigger polls.
+const DefaultBuiltInInterval = 10 * time.Minute
+
+// DefaultBuiltInExclude is what --auto-migrate-builtins-exclude leaves alone
+// by default: Events live an hour and are written once.
+var DefaultBuiltInExclude = []string{"events", "events.events.k8s.io"}
+
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=watch
+// +kubebuilder:rbac:groups=apiregistration.k8s.io,resources=apiservices,verbs=list
+
+// SetupWithManager registers the reconciler, with an informer of the
+// identity Leases in kube-system of its own (the manager's cache would
+// watch every Lease of the cluster, nodes' heartbeats among them).
+func (r *BuiltInMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	switch {
+	case r.Client == nil, r.APIReader == nil, r.Discovery == nil, r.Leases == nil, r.Recorder == nil, r.Wake == nil:
+		return errors.New("BuiltInMigrationReconciler needs Client, APIReader, Discovery, Leases, Recorder and Wake")
+	case r.Interval <= 0:
+		return errors.New("BuiltInMigrationReconciler needs Interval > 0")
+	}
+	for _, p := range r.Exclude {
+		if _, err := path.Match(p, ""); err != nil {
+			return fmt.Errorf("excluded resource pattern %q: %w", p, err)
+		}
+	}
+	leases := toolscache.NewSharedIndexInformer(toolscache.NewFilteredListWatchFromClient(
+		r.Leases.CoordinationV1().RESTClient(), "leases", metav1.NamespaceSystem,
+		func(o *metav1.ListOptions) { o.LabelSelector = identityLeaseSelector },
+	), &coordinationv1.Lease{}, 0, toolscache.Indexers{})
+	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
+		leases.RunWithContext(ctx)
+		return nil
+	})); err != nil {
+		return err
+	}
+	// One event at start, whatever the Leases say.
+	start := make(chan event.GenericEvent, 1)
+	start <- event.GenericEvent{Object: &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: builtInKey.Name}}}
+	to := func(key reconcile.Request) handler.EventHandler {
+		return handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{key} })
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("builtinmigration").
+		WatchesRawSource(source.Channel(start, to(builtInKey))).
+		WatchesRawSource(&source.Informer{Informer: leases, Handler: to(serversKey), Predicates: []predicate.Predicate{serverChanged}}).
+		Complete(r)
+}
+
+// identityLeaseSelector selects kube-apiserver's identity Leases.
+const identityLeaseSelector = "apiserver.kubernetes.io/identity=kube-apiserver"
+
+// serverChanged passes a Lease that appears or goes, and one whose holder
+// changed (a server that restarted, after an upgrade among others), not
+// its renewals every ten seconds.
+var serverChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		before, after := e.ObjectOld.(*coordinationv1.Lease), e.ObjectNew.(*coordinationv1.Lease)
+		return ptrValue(before.Spec.HolderIdentity) != ptrValue(after.Spec.HolderIdentity)
+	},
+}
+
+// Reconcile reads discovery, creates the StorageMigrations of resources
+// seen for the first time, and deletes its own whose resource is gone. It
+// wakes every StorageMigration of a built-in resource that recorded a
+// storage version, not only those whose storageVersionHash moved in the
+// discovery read here: that read went to one API server, maybe one not
+// upgraded yet, while each StorageMigration reads every server's own.
+func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+	found, complete, err := r.discover(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var all migrationv1alpha1.StorageMigrationList
+	if err := r.Client.List(ctx, &all); err != nil {
+		return ctrl.Result{}, err
+	}
+	covered := map[schema.GroupResource][]*migrationv1alpha1.StorageMigration{}
+	for i := range all.Items {
+		sm := &all.Items[i]
+		gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
+		covered[gr] = append(covered[gr], sm)
+	}
+	log := ctrl.LoggerFrom(ctx)
+	for _, res := range found {
+		if res.skip != "" {
+			log.V(1).Info("Leaving a built-in resource alone", "resource", res.gr.String(), "reason", res.skip)
+			continue
+		}
+		if len(covered[res.gr]) == 0 {
+			if err := r.create(ctx, res); err != nil {
+				return ctrl.Result{}, err
+			}
+			continue
+		}
+		for _, sm := range covered[res.gr] {
+			recorded := recordedHash(sm)
+			if recorded == "" {
+				continue
+			}
+			if recorded != res.hash {
+				log.Info("The storage version of a built-in resource moved", "resource", res.gr.String(), "storageMigration", klog.KObj(sm),
+					"recorded", recorded, "now", res.hash)
+			}
+			if err := r.wake(ctx, sm); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+	}
+	if complete {
+		if err := r.retire(ctx, all.Items, found); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{RequeueAfter: r.Interval}, nil
+}
+
+// recordedHash is the storageVersionHash sm's resource was last stored at,
+// by its last pass or its baseline; "" when it recorded none.
+func recordedHash(sm *migrationv1alpha1.StorageMigration) string {
+	switch {
+	case sm.Status.LastPass != nil && sm.Status.LastPass.StorageVersionHash != "":
+		return sm.Status.LastPass.StorageVersionHash
+	case sm.Status.Baseline != nil:
+		return sm.Status.Baseline.StorageVersionHash
+	}
+	return ""
+}
+
+func (r *BuiltInMigrationReconciler) wake(ctx context.Context, sm *migrationv1alpha1.StorageMigration) error {
+	select {
+	case r.Wake <- event.GenericEvent{Object: sm.DeepCopy()}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// create makes the StorageMigration of a built-in resource seen for the
+// first time, named after it.
+func (r *BuiltInMigrationReconciler) create(ctx context.Context, res builtIn) error {
+	sm := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: res.gr.String(),
+			Labels: map[string]string{
+				migrationv1alpha1.AutomaticLabel: "true",
+				migrationv1alpha1.BuiltInLabel:   "true",
+			},
+		},
+		Spec: migrationv1alpha1.StorageMigrationSpec{
+			Resource:  migrationv1alpha1.GroupResource{Group: res.gr.Group, Resource: res.gr.Resource},
+			FirstPass: migrationv1alpha1.FirstPassSkip,
+		},
+	}
+	err := r.Client.Create(ctx, sm)
+	switch {
+	case err == nil:
+		ctrl.LoggerFrom(ctx).Info("Created the automatic StorageMigration of a built-in resource", "storageMigration", klog.KObj(sm))
+		r.Recorder.Eventf(sm, nil, corev1.EventTypeNormal, "AutomaticMigrationCreated", "AutoMigrate",
+			"Created for built-in resource %s: it records the storage version the API servers store at as its baseline, and re-stores the objects when that changes", res.gr)
+		return nil
+	case apierrors.IsAlreadyExists(err):
+		// Not in the cache yet, or another resource's of that name: the
+		// StorageMigration of that name says which.
+		ctrl.LoggerFrom(ctx).Info("A StorageMigration named after a built-in resource exists", "storageMigration", klog.KObj(sm))
+		return nil
+	}
+	return err
+}
+
+// retire deletes the StorageMigrations this reconciler made whose resource
+// discovery no longer lists (a release that removed an API), and leaves any
+// other alone.
+func (r *BuiltInMigrationReconciler) retire(ctx context.Context, all []migrationv1alpha1.StorageMigration, found []builtIn) error {
+	for i := range all {
+		sm := &all[i]
+		gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
+		if !isBuiltInAutomatic(sm) || slices.ContainsFunc(found, func(b builtIn) bool { return b.gr == gr }) {
+			continue
+		}
+		retired := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: sm.Name}}
+		if err := r.Client.Delete(ctx, retired, client.Preconditions{UID: &sm.UID}); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		ctrl.LoggerFrom(ctx).Info("Deleted the automatic StorageMigration of a built-in resource the API servers no longer serve", "storageMigration", klog.KObj(sm))
+	}
+	return nil
+}
+
+// isBuiltInAutomatic tells whether restow made sm for a built-in resource.
+func isBuiltInAutomatic(sm *migrationv1alpha1.StorageMigration) bool {
+	return sm.Labels[migrationv1alpha1.AutomaticLabel] == "true" && sm.Labels[migrationv1alpha1.BuiltInLabel] == "true"
+}
+
+// builtIn is a resource discovery lists, with the storageVersionHash it
+// publishes, and why restow leaves it alone if it does.
+type builtIn struct {
+	gr   schema.GroupResource
+	hash string
+	skip string
+}
+
+// discover lists the resources that kube-apiserver serves itself, from
+// aggregated discovery (one request) and the discovery document of each of
+// their group versions, which alone carries storageVersionHash. complete
+// says every group version was read: only then may a resource missing from
+// the list be taken as gone.
+func (r *BuiltInMigrationReconciler) discover(ctx context.Context) (found []builtIn, complete bool, err error) {
+	groups, err := r.Discovery.ServerGroups()
+	if err != nil {
+		return nil, false, fmt.Errorf("reading discovery: %w", err)
+	}
+	aggregated, err := r.aggregatedGroupVersions(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	crds, err := r.crdResources(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	complete = true
+	seen := map[schema.GroupResource]bool{}
+	for _, g := range groups.Groups {
+		for _, v := range g.Versions {
+			if aggregated[v.GroupVersion] {
+				continue
+			}
+			resources, err := r.Discovery.ServerResourcesForGroupVersion(v.GroupVersion)
+			if err != nil {
+				ctrl.LoggerFrom(ctx).Info("Cannot read a group version's discovery", "groupVersion", v.GroupVersion, "error", err.Error())
+				complete = false
+				continue
+			}
+			for _, res := range resources.APIResources {
+				gr := schema.GroupResource{Group: g.Name, Resource: res.Name}
+				if strings.Contains(res.Name, "/") || seen[gr] || crds[gr] {
+					continue
+				}
+				seen[gr] = true
+				found = append(found, builtIn{gr: gr, hash: res.StorageVersionHash, skip: r.skips(gr, res)})
+			}
+		}
+	}
+	return found, complete, nil
+}
+
+// skips says why restow leaves a built-in resource alone, or "".
+func (r *BuiltInMigrationReconciler) skips(gr schema.GroupResource, res metav1.APIResource) string {
+	for _, p := range r.Exclude {
+		if ok, _ := path.Match(p, gr.String()); ok {
+			return "excluded by --auto-migrate-builtins-exclude (" + p + ")"
+		}
+	}
+	switch {
+	case res.StorageVersionHash == "":
+		return "discovery publishes no storageVersionHash: the API server stores no objects of it in etcd"
+	case !slices.Contains(res.Verbs, "list") || !slices.Contains(res.Verbs, "patch"):
+		return fmt.Sprintf("its verbs %v do not include list and patch, which a pass needs", res.Verbs)
+	}
+	return ""
+}
+
+// aggregatedGroupVersions are the group versions an APIService sends to
+// another server (spec.service set): their objects are not in the API
+// servers' etcd, and restow never touches them.
+func (r *BuiltInMigrationReconciler) aggregatedGroupVersions(ctx context.Context) (map[string]bool, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIServiceList"})
+	if err := r.APIReader.List(ctx, list); err != nil {
+		return nil, fmt.Errorf("listing APIServices: %w", err)
+	}
+	aggregated := map[string]bool{}
+	for _, s := range list.Items {
+		if service, _, _ := unstructured.NestedMap(s.Object, "spec", "service"); service != nil {
+			group, _, _ := unstructured.NestedString(s.Object, "spec", "group")
+			version, _, _ := unstructured.NestedString(s.Object, "spec", "version")
+			aggregated[schema.GroupVersion{Group: group, Version: version}.String()] = true
+		}
+	}
+	return aggregated, nil
+}
+
+// crdResources are the resources served from CRDs: the automatic trigger
+// of CRDs has those.
+func (r *BuiltInMigrationReconciler) crdResources(ctx context.Context) (map[schema.GroupResource]bool, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinitionList"})
+	if err := r.Client.List(ctx, list); err != nil {
+		return nil, fmt.Errorf("listing CRDs: %w", err)
+	}
+	crds := map[schema.GroupResource]bool{}
+	for _, crd := range list.Items {
+		crds[schema.ParseGroupResource(crd.Name)] = true
+	}
+	return crds, nil
+}
+
+// leaderRunnable runs fn on the leader only.
+type leaderRunnable func(ctx context.Context) error
+
+func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
+func (leaderRunnable) NeedLeaderElection() bool          { return true }
+
+var _ manager.LeaderElectionRunnable = leaderRunnable(nil)
+
+func ptrValue(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,253 @@
+//go:build e2e
+
+// Package upgrade runs restow's manager across an upgrade of the control
+// plane that moves a built-in resource's storage version. Run with
+// `make test-e2e`.
+//
+// kube-apiserver 1.37 stores MutatingAdmissionPolicies at
+// admissionregistration.k8s.io/v1; emulating 1.36 (--emulated-version), as
+// the 1.36 release itself does, it stores them at v1beta1 (the storage
+// version is the newest one the previous release could read). Restarting
+// it without the flag is the upgrade: the objects written before stay at
+// v1beta1 in etcd until something rewrites them.
+package upgrade
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/e2e/scenario"
+	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/operator"
+	"github.com/restow/restow/internal/testenv"
+)
+
+const (
+	policies = "mutatingadmissionpolicies"
+	group    = "admissionregistration.k8s.io"
+	// name is the StorageMigration restow creates for the resource.
+	name = policies + "." + group
+	// n policies are written before the upgrade.
+	n = 200
+	// before and after are what etcd holds them at.
+	before = group + "/v1beta1"
+	after  = group + "/v1"
+)
+
+// TestMain gives controller-runtime's clients, which kubectl restow verify
+// makes, a logger.
+func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}
+
+// TestUpgradeReStoresABuiltInResource: policies written by a control plane
+// that stores them at v1beta1; restow, started then, records v1beta1 as the
+// baseline and rewrites nothing; after the upgrade it re-stores every one
+// at v1 by itself, read from etcd and shown by kubectl restow verify.
+func TestUpgradeReStoresABuiltInResource(t *testing.T) {
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory},
+		APIServerArgs: map[string]string{"emulated-version": "1.36"}})
+	createPolicies(t, cp)
+	assertStored(t, cp, map[string]int{before: n})
+	startManager(t, cp)
+	waitBaseline(t, cp, "v1beta1")
+	verify(t, cp)
+	assertStored(t, cp, map[string]int{before: n})
+
+	upgrade := time.Now()
+	if err := cp.RestartAPIServerWithout(t.Context(), "emulated-version"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("The API server was upgraded (stopped, restarted, ready) in %s", time.Since(upgrade).Round(100*time.Millisecond))
+	waitReStored(t, cp)
+	t.Logf("Re-stored %d policies %s after the upgrade began", n, time.Since(upgrade).Round(100*time.Millisecond))
+	assertStored(t, cp, map[string]int{after: n})
+	verify(t, cp)
+}
+
+// TestRollingUpgradeWaitsForTheLastServer: two API servers on addresses of
+// their own, upgraded one after the other. While they disagree restow
+// rewrites nothing, and etcd keeps every policy at v1beta1; once the second
+// is upgraded it re-stores every one at v1.
+func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServers: 2, OwnAddresses: true,
+		APIServerArgs: map[string]string{"emulated-version": "1.36"}})
+	testenv.WaitProgress(t, "two API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
+		hostnames, addresses, err := cp.APIServerSignals(ctx)
+		return len(hostnames) == 2 && len(addresses) == 2, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
+	})
+	createPolicies(t, cp)
+	startManager(t, cp)
+	waitBaseline(t, cp, "v1beta1")
+
+	if err := cp.RestartOwnAPIServer(t.Context(), 0, "emulated-version"); err != nil {
+		t.Fatal(err)
+	}
+	// While the servers disagree: nothing rewritten, no pass, and the
+	// StorageMigration says which server stores at which version.
+	old := strings.TrimPrefix(cp.ServerConfig(1).Host, "https://")
+	sm := &migrationv1alpha1.StorageMigration{}
+	said := map[string]bool{}
+	hold := time.Now().Add(20 * time.Second)
+	for time.Now().Before(hold) {
+		assertStored(t, cp, map[string]int{before: n})
+		if err := cp.Client.Get(t.Context(), client.ObjectKey{Name: name}, sm); err != nil {
+			t.Fatal(err)
+		}
+		if sm.Status.LastPass != nil || sm.Status.Progress != nil {
+			t.Fatalf("a pass ran while one API server stored at v1beta1: %+v %+v", sm.Status.LastPass, sm.Status.Progress)
+		}
+		if c := findCondition(sm, migrationv1alpha1.ReconcilingCondition); c != nil && c.Status == metav1.ConditionTrue && !said[c.Message] {
+			said[c.Message] = true
+			t.Logf("While one server is upgraded: %s", c.Message)
+			if c.Reason != migrationv1alpha1.WaitingForStorageVersionReason {
+				t.Errorf("Reconciling %s while the servers disagree, want %s", c.Reason, migrationv1alpha1.WaitingForStorageVersionReason)
+			}
+			if strings.Contains(c.Message, "different versions") && !strings.Contains(c.Message, old+" stores at v1beta1") {
+				t.Errorf("the message does not say that %s stores at v1beta1: %s", old, c.Message)
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	if !slices.ContainsFunc(slices.Collect(maps.Keys(said)), func(m string) bool { return strings.Contains(m, old+" stores at v1beta1") }) {
+		t.Errorf("in 20 s of disagreement restow never said that %s stores at v1beta1; it said %q", old, slices.Collect(maps.Keys(said)))
+	}
+
+	if err := cp.RestartOwnAPIServer(t.Context(), 1, "emulated-version"); err != nil {
+		t.Fatal(err)
+	}
+	waitReStored(t, cp)
+	assertStored(t, cp, map[string]int{after: n})
+	verify(t, cp)
+}
+
+// createPolicies writes n MutatingAdmissionPolicies that mutate nothing
+// anyone creates.
+func createPolicies(t *testing.T, cp *testenv.Env) {
+	t.Helper()
+	err := cp.CreateObjects(t.Context(), n, func(i int) client.Object {
+		return &admissionregistrationv1.MutatingAdmissionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("policy-%04d", i)},
+			Spec: admissionregistrationv1.MutatingAdmissionPolicySpec{
+				MatchConstraints: &admissionregistrationv1.MatchResources{
+					ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+						Rule:       admissionregistrationv1.Rule{APIGroups: []string{"upgrade.e2e.restow.dev"}, APIVersions: []string{"v1"}, Resources: []string{"nothings"}},
+					}}},
+				},
+				Mutations: []admissionregistrationv1.Mutation{{
+					PatchType:          admissionregistrationv1.PatchTypeApplyConfiguration,
+					ApplyConfiguration: &admissionregistrationv1.ApplyConfiguration{Expression: `Object{metadata: Object.metadata{labels: {"policy": "` + fmt.Sprint(i) + `"}}}`},
+				}},
+				ReinvocationPolicy: admissionregistrationv1.NeverReinvocationPolicy,
+			},
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startManager runs the manager binary with automatic migration of
+// built-in resources, leaving every other built-in resource but the
+// policies alone.
+func startManager(t *testing.T, cp *testenv.Env) {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{
+		"--auto-migrate-builtins=true",
+		// Every other resource left alone: the test watches one
+		// StorageMigration, not fifty.
+		"--auto-migrate-builtins-exclude=" + strings.Join(cp.BuiltInsExcept(t, name), ","),
+		"--stalled-retry-base=1s", "--stalled-retry-max=5s", "--status-interval=1s",
+		// A server restarted in place keeps its identity Lease and holder,
+		// so discovery read on this period is what sees the upgrade.
+		"--builtin-discovery-interval=2s",
+	}})
+}
+
+// waitBaseline waits until the StorageMigration restow made for the
+// policies records version as its baseline, with nothing rewritten.
+func waitBaseline(t *testing.T, cp *testenv.Env, version string) {
+	t.Helper()
+	sm := cp.WaitForMigration(t, name, time.Minute, "at its baseline "+version, func(sm *migrationv1alpha1.StorageMigration) bool {
+		return sm.Status.Baseline != nil && sm.Status.Baseline.StorageVersion == version && isReady(sm)
+	})
+	if sm.Spec.FirstPass != migrationv1alpha1.FirstPassSkip || sm.Labels[migrationv1alpha1.BuiltInLabel] != "true" || sm.Status.LastPass != nil {
+		t.Fatalf("StorageMigration %s: firstPass %q, labels %v, lastPass %+v; want Skip, built-in, no pass", name, sm.Spec.FirstPass, sm.Labels, sm.Status.LastPass)
+	}
+	t.Logf("Baseline: %s", findCondition(sm, migrationv1alpha1.ReadyCondition).Message)
+}
+
+// waitReStored waits, for as long as the StorageMigration keeps moving,
+// until its last pass re-stored every policy at v1.
+func waitReStored(t *testing.T, cp *testenv.Env) {
+	t.Helper()
+	sm := cp.WaitForMigration(t, name, time.Minute, "re-stored at v1", func(sm *migrationv1alpha1.StorageMigration) bool {
+		return sm.Status.LastPass != nil && sm.Status.LastPass.TargetVersion == "v1" && isReady(sm)
+	})
+	p := sm.Status.LastPass
+	t.Logf("Last pass: %d listed, %d migrated, %d failed in %s; %s", p.Listed, p.Migrated, p.Failed,
+		p.CompletionTime.Sub(p.StartTime.Time).Round(100*time.Millisecond), findCondition(sm, migrationv1alpha1.ReadyCondition).Message)
+	if p.Failed > 0 || sm.Status.Baseline != nil {
+		t.Fatalf("last pass %+v, baseline %+v: want no failure and the baseline gone", p, sm.Status.Baseline)
+	}
+}
+
+// assertStored reads every policy's key in etcd and counts them by the
+// version they are encoded at.
+func assertStored(t *testing.T, cp *testenv.Env, want map[string]int) {
+	t.Helper()
+	got, err := cp.BuiltInStoredVersions(t.Context(), policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("etcd holds the policies at %v, want %v", got, want)
+	}
+}
+
+// verify runs kubectl restow verify on the policies, straight from etcd,
+// and logs what it printed.
+func verify(t *testing.T, cp *testenv.Env) {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := cli.Execute(t.Context(), []string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(dir, "cache"),
+		"verify", name, "--etcd-endpoints", cp.EtcdURL()}, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	t.Logf("kubectl restow verify %s: exit %d\n%s%s", name, code, out.String(), errOut.String())
+}
+
+func findCondition(sm *migrationv1alpha1.StorageMigration, condition string) *metav1.Condition {
+	return apimeta.FindStatusCondition(sm.Status.Conditions, condition)
+}
+
+func isReady(sm *migrationv1alpha1.StorageMigration) bool {
+	return apimeta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
+		sm.Status.ObservedGeneration == sm.Generation
+}
