@@ -20,6 +20,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -64,6 +65,10 @@ type BuiltInMigrationReconciler struct {
 	Interval time.Duration
 	// Wake reaches the StorageMigration controller.
 	Wake chan<- event.GenericEvent
+
+	// missing counts, per StorageMigration it made, the complete reads in
+	// a row that did not list its resource (one worker: no lock needed).
+	missing map[string]int
 }
 
 // The reconciler's requests: it looks at every resource at once. builtInKey
@@ -132,7 +137,7 @@ const identityLeaseSelector = "apiserver.kubernetes.io/identity=kube-apiserver"
 var serverChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		before, after := e.ObjectOld.(*coordinationv1.Lease), e.ObjectNew.(*coordinationv1.Lease)
-		return ptrValue(before.Spec.HolderIdentity) != ptrValue(after.Spec.HolderIdentity)
+		return ptr.Deref(before.Spec.HolderIdentity, "") != ptr.Deref(after.Spec.HolderIdentity, "")
 	},
 }
 
@@ -142,7 +147,7 @@ var serverChanged = predicate.Funcs{
 // storage version, not only those whose storageVersionHash moved in the
 // discovery read here: that read went to one API server, maybe one not
 // upgraded yet, while each StorageMigration reads every server's own.
-func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	found, complete, err := r.discover(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -171,10 +176,11 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, _ ctrl.Reque
 		}
 		for _, sm := range covered[res.gr] {
 			recorded := recordedHash(sm)
-			if recorded == "" {
+			if recorded == "" && sm.Status.LastPass == nil {
+				// Nothing recorded yet: its own first reconcile decides.
 				continue
 			}
-			if recorded != res.hash {
+			if recorded != "" && recorded != res.hash {
 				log.Info("The storage version of a built-in resource moved", "resource", res.gr.String(), "storageMigration", klog.KObj(sm),
 					"recorded", recorded, "now", res.hash)
 			}
@@ -187,6 +193,10 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, _ ctrl.Reque
 		if err := r.retire(ctx, all.Items, found); err != nil {
 			return ctrl.Result{}, err
 		}
+	}
+	if req == serversKey {
+		// builtInKey keeps the period.
+		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.Interval}, nil
 }
@@ -245,13 +255,18 @@ func (r *BuiltInMigrationReconciler) create(ctx context.Context, res builtIn) er
 }
 
 // retire deletes the StorageMigrations this reconciler made whose resource
-// discovery no longer lists (a release that removed an API), and leaves any
-// other alone.
+// discovery no longer lists (a release that removed an API) in
+// retireAfter complete reads in a row, not one: a server that is starting
+// may list less without an error. It leaves any other alone.
 func (r *BuiltInMigrationReconciler) retire(ctx context.Context, all []migrationv1alpha1.StorageMigration, found []builtIn) error {
+	missing := map[string]int{}
 	for i := range all {
 		sm := &all[i]
 		gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
 		if !isBuiltInAutomatic(sm) || slices.ContainsFunc(found, func(b builtIn) bool { return b.gr == gr }) {
+			continue
+		}
+		if missing[sm.Name] = r.missing[sm.Name] + 1; missing[sm.Name] < retireAfter {
 			continue
 		}
 		retired := &migrationv1alpha1.StorageMigration{ObjectMeta: metav1.ObjectMeta{Name: sm.Name}}
@@ -259,9 +274,15 @@ func (r *BuiltInMigrationReconciler) retire(ctx context.Context, all []migration
 			return err
 		}
 		ctrl.LoggerFrom(ctx).Info("Deleted the automatic StorageMigration of a built-in resource the API servers no longer serve", "storageMigration", klog.KObj(sm))
+		delete(missing, sm.Name)
 	}
+	r.missing = missing
 	return nil
 }
+
+// retireAfter is how many complete reads of discovery in a row must miss a
+// resource before its automatic StorageMigration is deleted.
+const retireAfter = 3
 
 // isBuiltInAutomatic tells whether restow made sm for a built-in resource.
 func isBuiltInAutomatic(sm *migrationv1alpha1.StorageMigration) bool {
@@ -378,10 +399,3 @@ func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
 func (leaderRunnable) NeedLeaderElection() bool          { return true }
 
 var _ manager.LeaderElectionRunnable = leaderRunnable(nil)
-
-func ptrValue(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}

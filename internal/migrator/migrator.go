@@ -346,7 +346,11 @@ func (m *Migrator) Resolve(ctx context.Context, gr schema.GroupResource) (Target
 		Kind:       mapping.GroupVersionKind.Kind,
 		Namespaced: mapping.Scope.Name() == meta.RESTScopeNameNamespace,
 	}
-	target.StorageVersion, target.StorageVersionHash = m.builtInStorageVersion(gr, mapping.GroupVersionKind.Kind)
+	target.StorageVersion, target.StorageVersionHash, err = m.builtInStorageVersion(gr, mapping.GroupVersionKind.Kind)
+	if err != nil {
+		// Most likely during an upgrade, when nothing may be assumed.
+		return Target{}, &TransientError{Err: err}
+	}
 	if target.StorageVersionHash == "" {
 		// Nothing shows which version any server stores at (an aggregated
 		// API, or discovery without hashes): nothing to wait for either.
@@ -373,7 +377,9 @@ func (m *Migrator) resolveBuiltIn(ctx context.Context, target Target) (Target, e
 	}
 	target.LagWait, target.APIServers, target.APIServerSignals = lagWait, servers.servers, servers.signals
 	target.APIServerAddresses, target.unseen = servers.addresses, servers.unseen
-	if lagWait == 0 || len(target.APIServerAddresses) == 0 {
+	if lagWait == 0 || len(target.APIServerAddresses) == 0 || !m.verifiesServers() {
+		// No server restow can read at its own address: the first pass
+		// relies on the lag bound, and status says why (switch.go).
 		return target, nil
 	}
 	var said []string
@@ -385,7 +391,7 @@ func (m *Migrator) resolveBuiltIn(ctx context.Context, target Target) (Target, e
 			unread = true
 		default:
 			said = append(said, fmt.Sprintf("%s stores at %s", s.address, s.stores))
-			differ = differ || s.stores != target.TargetVersion()
+			differ = differ || s.hash != target.StorageVersionHash
 		}
 	}
 	switch {
@@ -423,16 +429,17 @@ func (m *Migrator) restMapping(gr schema.GroupResource) (*meta.RESTMapping, erro
 // served one (a server that emulates an older release may store at a
 // version it does not serve). The version is looked for among those
 // discovery serves and those restow's scheme knows; it is "" when the hash
-// names none of them, and both are "" when discovery does not say (an
-// aggregated API, or a discovery error).
-func (m *Migrator) builtInStorageVersion(gr schema.GroupResource, kind string) (version, hash string) {
+// names none of them. Both are "" when discovery lists the resource
+// without a hash (an aggregated API); a discovery read that fails is an
+// error, never taken for that.
+func (m *Migrator) builtInStorageVersion(gr schema.GroupResource, kind string) (version, hash string, err error) {
 	groups, err := m.Discovery.ServerGroups()
 	if err != nil {
-		return "", ""
+		return "", "", fmt.Errorf("reading discovery: %w", err)
 	}
 	i := slices.IndexFunc(groups.Groups, func(g metav1.APIGroup) bool { return g.Name == gr.Group })
 	if i < 0 {
-		return "", ""
+		return "", "", fmt.Errorf("discovery does not list the group of %s", gr)
 	}
 	var versions []string
 	for _, v := range groups.Groups[i].Versions {
@@ -441,14 +448,14 @@ func (m *Migrator) builtInStorageVersion(gr schema.GroupResource, kind string) (
 	for _, v := range versions {
 		resources, err := m.Discovery.ServerResourcesForGroupVersion(schema.GroupVersion{Group: gr.Group, Version: v}.String())
 		if err != nil {
-			continue
+			return "", "", fmt.Errorf("reading the discovery of %s: %w", schema.GroupVersion{Group: gr.Group, Version: v}, err)
 		}
 		if j := slices.IndexFunc(resources.APIResources, func(r metav1.APIResource) bool { return r.Name == gr.Resource }); j >= 0 {
 			hash = resources.APIResources[j].StorageVersionHash
-			break
+			return versionWithHash(gr.Group, kind, builtInVersions(gr.Group, versions), hash), hash, nil
 		}
 	}
-	return versionWithHash(gr.Group, kind, builtInVersions(gr.Group, versions), hash), hash
+	return "", "", fmt.Errorf("discovery does not list %s", gr)
 }
 
 // builtInVersions are served, then the versions of group that client-go's

@@ -74,6 +74,9 @@ const (
 // serverSwitch is what one read of an API server's discovery showed.
 type serverSwitch struct {
 	address string
+	// hash is the storageVersionHash the server shows; "" when err is set
+	// or it does not serve the resource.
+	hash string
 	// stores is the version the server stores the target at, by its hash;
 	// "" when err is set, or "another version" when the hash names none
 	// of the versions Resolve knew.
@@ -292,12 +295,14 @@ func (m *Migrator) readServer(ctx context.Context, address string, target Target
 	case i < 0:
 		s.stores = "no version: it does not serve " + target.Resource.Resource + " in " + gv.String() + " yet"
 	case resources.APIResources[i].StorageVersionHash == want:
-		s.stores = target.TargetVersion()
+		s.hash, s.stores = want, target.TargetVersion()
 	default:
-		hash := resources.APIResources[i].StorageVersionHash
-		s.stores = versionWithHash(gv.Group, target.Kind, versions, hash)
-		if s.stores == "" {
-			s.stores = fmt.Sprintf("another version (storageVersionHash %q)", hash)
+		s.hash = resources.APIResources[i].StorageVersionHash
+		s.stores = versionWithHash(gv.Group, target.Kind, versions, s.hash)
+		if s.stores == "" || s.stores == target.TargetVersion() {
+			// Another hash is another version, whatever name restow
+			// would give it.
+			s.stores = fmt.Sprintf("another version (storageVersionHash %q)", s.hash)
 		}
 	}
 	return s
@@ -311,13 +316,8 @@ func (m *Migrator) serverDiscovery(address string) (*clientdiscovery.DiscoveryCl
 	if dc, ok := m.probes.Load(address); ok {
 		return dc.(*clientdiscovery.DiscoveryClient), nil
 	}
-	switch {
-	case m.Config == nil:
-		return nil, errors.New("restow has no client configuration to reach API servers at their own addresses")
-	case m.Config.Insecure:
-		return nil, errors.New("the client configuration skips TLS verification, so no server's certificate can be verified")
-	case len(m.Config.CAData) == 0 && m.Config.CAFile == "":
-		return nil, errors.New("the client configuration names no certificate authority to verify API servers against")
+	if err := m.canVerifyServers(); err != nil {
+		return nil, err
 	}
 	cfg := rest.CopyConfig(m.Config)
 	cfg.Host = "https://" + address
@@ -332,6 +332,25 @@ func (m *Migrator) serverDiscovery(address string) (*clientdiscovery.DiscoveryCl
 	actual, _ := m.probes.LoadOrStore(address, dc)
 	return actual.(*clientdiscovery.DiscoveryClient), nil
 }
+
+// canVerifyServers says why restow's client configuration cannot reach an
+// API server at its own address and verify it, or returns nil.
+func (m *Migrator) canVerifyServers() error {
+	switch {
+	case m.Config == nil:
+		return errors.New("restow has no client configuration to reach API servers at their own addresses")
+	case m.Config.Insecure:
+		return errors.New("the client configuration skips TLS verification, so no server's certificate can be verified")
+	case len(m.Config.CAData) == 0 && m.Config.CAFile == "":
+		return errors.New("the client configuration names no certificate authority to verify API servers against")
+	}
+	return nil
+}
+
+// verifiesServers reports whether restow's client configuration can reach
+// an API server at its own address and verify it (canVerifyServers says
+// why not).
+func (m *Migrator) verifiesServers() bool { return m.canVerifyServers() == nil }
 
 // ParseAPIServerAddresses parses a comma-separated list of API server
 // addresses, each host:port (an IPv6 address in brackets), as
