@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/migrator"
 )
 
 // BuiltInMigrationReconciler keeps a StorageMigration for every built-in
@@ -107,7 +108,7 @@ func (r *BuiltInMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	leases := toolscache.NewSharedIndexInformer(toolscache.NewFilteredListWatchFromClient(
 		r.Leases.CoordinationV1().RESTClient(), "leases", metav1.NamespaceSystem,
-		func(o *metav1.ListOptions) { o.LabelSelector = identityLeaseSelector },
+		func(o *metav1.ListOptions) { o.LabelSelector = migrator.IdentityLeaseSelector },
 	), &coordinationv1.Lease{}, 0, toolscache.Indexers{})
 	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
 		leases.RunWithContext(ctx)
@@ -127,9 +128,6 @@ func (r *BuiltInMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WatchesRawSource(&source.Informer{Informer: leases, Handler: to(serversKey), Predicates: []predicate.Predicate{serverChanged}}).
 		Complete(r)
 }
-
-// identityLeaseSelector selects kube-apiserver's identity Leases.
-const identityLeaseSelector = "apiserver.kubernetes.io/identity=kube-apiserver"
 
 // serverChanged passes a Lease that appears or goes, and one whose holder
 // changed (a server that restarted, after an upgrade among others), not

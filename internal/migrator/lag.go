@@ -66,6 +66,9 @@ const (
 	informerLag = time.Second
 	// identityLeaseLabel marks kube-apiserver's identity Leases in kube-system.
 	identityLeaseLabel = "apiserver.kubernetes.io/identity"
+	// IdentityLeaseSelector selects kube-apiserver's identity Leases (in
+	// kube-system).
+	IdentityLeaseSelector = identityLeaseLabel + "=kube-apiserver"
 	// kubernetesService is the Service whose endpoints are the API servers'
 	// addresses, in the default namespace.
 	kubernetesService = "kubernetes"
