@@ -126,13 +126,23 @@ func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 		t.Cleanup(func() { end.Stop() })
 	}
 
-	m, err := migrator.NewForConfig(ha.Config, ha.Client)
+	// restow's connection, behind the balancer, lands on one server and
+	// stays there (HTTP/2) until a GOAWAY moves it. On the lagging server,
+	// the readiness gate's discovery read holds Resolve until the lag ends,
+	// as the controller's would, and the per-server wait a case that knows
+	// each server checks never happens. A case in which restow reads each
+	// server talks to the first, which has switched: its gate passes at
+	// once, and only the reads of each server at its own address can hold
+	// the first pass.
+	config := ha.Config
+	if tc.Knows || tc.Stalled {
+		config = ha.ServerConfig(0)
+	}
+	m, err := migrator.NewForConfig(config, ha.Client)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.LagBound, m.LagLimit = tc.LagBound, tc.LagLimit
-	// The readiness gate waits while its discovery read reaches the
-	// lagging server, as the controller's would.
 	var target migrator.Target
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		var err error
