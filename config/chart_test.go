@@ -312,10 +312,11 @@ func TestChartManagerArgs(t *testing.T) {
 			"settleWindow": "5m", "statusInterval": "10s", "logLevel": "debug", "extraArgs": []any{"--log-encoding=console"},
 			"apiServerLagLimit": "20m", "apiServers": []any{"10.0.0.11:6443", "[fd00::12]:6443"},
 			"autoMigrateBuiltins": false, "autoMigrateBuiltinsExclude": []any{"events", "leases.coordination.k8s.io"},
-			"builtinDiscoveryInterval": "30m",
+			"builtinDiscoveryInterval": "30m", "reencryptResources": []any{"secrets", "configmaps"},
 		}, []string{
 			"--auto-migrate=false", "--auto-migrate-selector=app.kubernetes.io/part-of=shop",
 			"--auto-migrate-builtins=false", "--auto-migrate-builtins-exclude=events,leases.coordination.k8s.io", "--builtin-discovery-interval=30m",
+			"--reencrypt-resources=secrets,configmaps",
 			"--defer-to-storage-version-migrations=false", "--serve-storage-version-migrations", "--concurrency=8", "--page-size=100",
 			"--settle-window=5m", "--apiserver-lag-limit=20m", "--apiservers=10.0.0.11:6443,[fd00::12]:6443",
 			"--status-interval=10s", "--log-level=debug", "--log-encoding=console",
@@ -593,7 +594,7 @@ func TestChartRestrictedRBAC(t *testing.T) {
 	rel := installChart(t, name, namespace, narrowed)
 	var role rbacv1.ClusterRole
 	into(t, find(t, decodeManifests(t, rel.Manifest), "ClusterRole", name+"-manager-role"), &role)
-	if got, want := role.Rules[0].APIGroups, []string{"stable.example.com", "migration.restow.dev"}; !slices.Equal(got, want) {
+	if got, want := role.Rules[1].APIGroups, []string{"stable.example.com", "migration.restow.dev"}; !slices.Equal(got, want) {
 		t.Fatalf("rule 0 of the manager's role covers groups %q, want %q", got, want)
 	}
 	sa := managerServiceAccount(t, rel)
@@ -624,7 +625,7 @@ func TestChartRestrictedRBAC(t *testing.T) {
 		withCore := map[string]any{"rbac": map[string]any{"migratedGroups": []any{"stable.example.com", ""}}}
 		upgraded := upgradeChart(t, name, namespace, withCore)
 		into(t, find(t, decodeManifests(t, upgraded.Manifest), "ClusterRole", name+"-manager-role"), &role)
-		if got, want := role.Rules[0].APIGroups, []string{"stable.example.com", "", "migration.restow.dev"}; !slices.Equal(got, want) {
+		if got, want := role.Rules[1].APIGroups, []string{"stable.example.com", "", "migration.restow.dev"}; !slices.Equal(got, want) {
 			t.Fatalf("after the upgrade rule 0 covers groups %q, want %q", got, want)
 		}
 		// The Stalled migration is tried again on its own, with backoff.

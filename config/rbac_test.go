@@ -135,7 +135,7 @@ func TestManagerRBAC(t *testing.T) {
 		narrowed := render(t, "testdata/named-groups")
 		var role rbacv1.ClusterRole
 		into(t, find(t, narrowed, "ClusterRole", "restow-manager-role"), &role)
-		if got := role.Rules[0].APIGroups; !slices.Equal(got, []string{"stable.example.com", "migration.restow.dev"}) {
+		if got := role.Rules[1].APIGroups; !slices.Equal(got, []string{"stable.example.com", "migration.restow.dev"}) {
 			t.Fatalf("named-groups rendered rule 0 for groups %v, want only stable.example.com and restow's own", got)
 		}
 		apply(t, narrowed)

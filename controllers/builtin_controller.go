@@ -62,6 +62,11 @@ type BuiltInMigrationReconciler struct {
 	// Exclude holds resource.group patterns (path.Match syntax, "events"
 	// for the core group's) of resources left alone.
 	Exclude []string
+	// ReEncrypt names the resources re-encrypted after an encryption key
+	// rotation: each gets its StorageMigration whatever Exclude says, and
+	// with ReEncryptOnly (--auto-migrate-builtins off) they alone do.
+	ReEncrypt     []schema.GroupResource
+	ReEncryptOnly bool
 	// Interval is how often discovery is read when nothing else says to.
 	Interval time.Duration
 	// Wake reaches the StorageMigration controller.
@@ -90,6 +95,7 @@ var DefaultBuiltInExclude = []string{"events", "events.events.k8s.io"}
 
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=watch
 // +kubebuilder:rbac:groups=apiregistration.k8s.io,resources=apiservices,verbs=list
+// +kubebuilder:rbac:urls=/metrics,verbs=get
 
 // SetupWithManager registers the reconciler, with an informer of the
 // identity Leases in kube-system of its own (the manager's cache would
@@ -341,8 +347,12 @@ func (r *BuiltInMigrationReconciler) discover(ctx context.Context) (found []buil
 
 // skips says why restow leaves a built-in resource alone, or "".
 func (r *BuiltInMigrationReconciler) skips(gr schema.GroupResource, res metav1.APIResource) string {
+	reEncrypted := slices.Contains(r.ReEncrypt, gr)
+	if r.ReEncryptOnly && !reEncrypted {
+		return "--auto-migrate-builtins is off, and --reencrypt-resources does not name it"
+	}
 	for _, p := range r.Exclude {
-		if ok, _ := path.Match(p, gr.String()); ok {
+		if ok, _ := path.Match(p, gr.String()); ok && !reEncrypted {
 			return "excluded by --auto-migrate-builtins-exclude (" + p + ")"
 		}
 	}

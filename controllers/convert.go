@@ -56,6 +56,9 @@ func statusProgress(p migrator.Progress) *migrationv1alpha1.PassProgress {
 		WindowEndResourceVersion: p.WindowEnd,
 		AllAPIServersSwitched:    p.AllSwitched,
 	}
+	if p.Encryption != nil {
+		progress.Encryption = statusEncryption(*p.Encryption)
+	}
 	if p.Phase != migrator.PhaseRewriting && !p.SettleUntil.IsZero() {
 		progress.SettleUntil = &metav1.Time{Time: p.SettleUntil}
 	}
@@ -110,5 +113,22 @@ func checkpoint(status *migrationv1alpha1.StorageMigrationStatus) *migrator.Chec
 		Continue:            p.ContinueToken,
 		Counts:              engineCounts(p.ObjectCounts),
 		Failures:            engineFailures(status.FailedObjects),
+		Encryption:          engineEncryption(p.Encryption),
 	}
+}
+
+func statusEncryption(s migrator.EncryptionState) *migrationv1alpha1.EncryptionState {
+	return &migrationv1alpha1.EncryptionState{ConfigHash: s.ConfigHash, KMSKeyIDHashes: s.KMSKeyIDHashes}
+}
+
+func engineEncryption(s *migrationv1alpha1.EncryptionState) *migrator.EncryptionState {
+	if s == nil {
+		return nil
+	}
+	return &migrator.EncryptionState{ConfigHash: s.ConfigHash, KMSKeyIDHashes: s.KMSKeyIDHashes}
+}
+
+// encryptionRecord records state, by a pass or at first sight.
+func encryptionRecord(state migrator.EncryptionState, by migrationv1alpha1.EncryptionRecordSource) *migrationv1alpha1.EncryptionRecord {
+	return &migrationv1alpha1.EncryptionRecord{EncryptionState: *statusEncryption(state), RecordedBy: by, RecordedAt: metav1.Now()}
 }

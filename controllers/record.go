@@ -61,6 +61,7 @@ type statusFields struct {
 	failedObjects            field[[]migrationv1alpha1.FailedObject]
 	lastPass                 field[*migrationv1alpha1.PassSummary]
 	baseline                 field[*migrationv1alpha1.StorageBaseline]
+	encryption               field[*migrationv1alpha1.EncryptionRecord]
 	storageVersionMigrations field[[]migrationv1alpha1.StandardMigration]
 }
 
@@ -72,6 +73,7 @@ func (f statusFields) writeTo(s *migrationv1alpha1.StorageMigrationStatus) {
 	f.failedObjects.writeTo(&s.FailedObjects)
 	f.lastPass.writeTo(&s.LastPass)
 	f.baseline.writeTo(&s.Baseline)
+	f.encryption.writeTo(&s.Encryption)
 	f.storageVersionMigrations.writeTo(&s.StorageVersionMigrations)
 }
 

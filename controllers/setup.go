@@ -7,6 +7,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -74,6 +75,11 @@ type Options struct {
 	// leaves alone.
 	BuiltInInterval time.Duration
 	BuiltInExclude  []string
+	// ReEncrypt names the built-in resources restow re-encrypts once every
+	// API server reports a new encryption state (migrator.Migrator's
+	// ReEncrypt); the trigger of built-in resources keeps a StorageMigration
+	// for each, also with AutoMigrateBuiltIns off.
+	ReEncrypt []schema.GroupResource
 	// UnknownResourceGrace is how long a served StorageVersionMigration of a
 	// resource that does not exist waits before it ends Failed; zero means
 	// a minute, as the in-tree controller waits.
@@ -88,6 +94,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	}
 	m.LagBound, m.AssumeSeveral, m.MaxPasses = opts.LagBound, opts.AssumeSeveral, opts.MaxPasses
 	m.APIServerAddresses, m.LagLimit = opts.APIServerAddresses, opts.LagLimit
+	m.ReEncrypt = opts.ReEncrypt
 	m.SlotsChanged = func(running int) { passesRunning.Set(float64(running)) }
 	recorder := mgr.GetEventRecorder("restow")
 	standard, err := standardMigrations(ctx, mgr, m, opts)
@@ -102,15 +109,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		Standard:  standard,
 		Options:   opts,
 	}
+	builtIns := opts.AutoMigrateBuiltIns || len(opts.ReEncrypt) > 0
 	var wake chan event.GenericEvent
-	if opts.AutoMigrateBuiltIns {
+	if builtIns {
 		wake = make(chan event.GenericEvent)
 		migrations.Wake = wake
 	}
 	if err := migrations.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
 	}
-	if opts.AutoMigrateBuiltIns {
+	if builtIns {
 		if err := setupBuiltIns(mgr, m, opts, wake); err != nil {
 			return fmt.Errorf("setting up automatic migration of built-in resources: %w", err)
 		}
@@ -172,6 +180,9 @@ func setupBuiltIns(mgr ctrl.Manager, m *migrator.Migrator, opts Options, wake ch
 		Exclude:   opts.BuiltInExclude,
 		Interval:  interval,
 		Wake:      wake,
+
+		ReEncrypt:     opts.ReEncrypt,
+		ReEncryptOnly: !opts.AutoMigrateBuiltIns,
 	}
 	return builtIns.SetupWithManager(mgr)
 }

@@ -269,6 +269,30 @@ func (r *StorageMigrationReconciler) ended(ctx context.Context, sm *migrationv1a
 	}
 	ctrl.LoggerFrom(ctx).Info("Migration succeeded", "targetVersion", v.summary.TargetVersion, "listed", v.summary.Listed, "migrated", v.summary.Migrated,
 		"skipped", v.summary.Skipped, "rechecked", v.summary.Rechecked, "pruned", v.summary.PrunedVersions)
+	if rn.target.Encryption != nil {
+		return reEncrypted(ctx, out, rn.target, state.result)
+	}
+	return out, 0
+}
+
+// reEncrypted records the end of a pass without failures over a resource
+// restow re-encrypts: the encryption state it re-encrypted every object
+// under, when every API server reported it from the pass's start to its
+// end; otherwise nothing, and a look again soon, when the state the
+// servers report now starts another pass (or waits while they disagree).
+func reEncrypted(ctx context.Context, out outcome, target migrator.Target, result migrator.Result) (outcome, time.Duration) {
+	gr := target.Resource.GroupResource()
+	if result.EncryptionMoved != "" {
+		ctrl.LoggerFrom(ctx).Info("The API servers' encryption state moved during the pass; not recorded", "resource", gr, "moved", result.EncryptionMoved)
+		out.events = append(out.events, stepEvent{corev1.EventTypeWarning, "EncryptionMoved", "ReEncrypt",
+			fmt.Sprintf("The pass over %s rewrote every object, but %s: some may be under another key, so restow records the state as Moved and passes again once every API server reports one", gr, result.EncryptionMoved)})
+		out.status.encryption = set(encryptionRecord(*target.Encryption, migrationv1alpha1.EncryptionRecordedByMoved))
+		return out, transientRetryDelay
+	}
+	out.status.encryption = set(encryptionRecord(*target.Encryption, migrationv1alpha1.EncryptionRecordedByPass))
+	out.events = append(out.events, stepEvent{corev1.EventTypeNormal, "ReEncrypted", "ReEncrypt",
+		fmt.Sprintf("Rewrote every object of %s while every API server reported %s, from the pass's start to its end; kubectl restow verify %s --expect-key shows from etcd which key each object is under before you remove an old key",
+			gr, target.Encryption, gr)})
 	return out, 0
 }
 
@@ -304,13 +328,13 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	}
 	target := res.target
 	if skipsFirstPass(sm, target) && sm.Status.Baseline == nil && !reRunRequested(sm) {
-		return recordBaseline(sm, target), 0
+		return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
 	}
 	why := migrationNeeded(sm, target)
 	if why == "" && skipsFirstPass(sm, target) {
 		// Still at the baseline: say so, not that every object is known
 		// to be stored at it.
-		return recordBaseline(sm, target), 0
+		return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
 	}
 	if why == "" {
 		msg := fmt.Sprintf("All objects are stored at %s", target.TargetVersion())
@@ -321,9 +345,37 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		}
 		out := ready(msg)
 		out.status.observedGeneration = set(sm.Generation)
-		return out, 0
+		return withEncryptionBaseline(out, sm, target), 0
 	}
 	return r.startRun(ctx, sm, target, why), r.StatusInterval
+}
+
+// withEncryptionBaseline adds to out, for a resource restow re-encrypts
+// that recorded no encryption state yet and needs no pass, the state the
+// API servers report now, as a baseline: nothing is rewritten for it, and
+// the next state they all report starts a pass.
+func withEncryptionBaseline(out outcome, sm *migrationv1alpha1.StorageMigration, target migrator.Target) outcome {
+	if target.Encryption != nil && sm.Status.Encryption == nil {
+		out.status.encryption = set(encryptionRecord(*target.Encryption, migrationv1alpha1.EncryptionRecordedByBaseline))
+	}
+	return out
+}
+
+// encryptionRotated says why a resource restow re-encrypts needs a pass:
+// every API server reports another encryption state than the one its
+// objects were last written under. "" when none is recorded, or it holds.
+func encryptionRotated(sm *migrationv1alpha1.StorageMigration, target migrator.Target) string {
+	switch {
+	case target.Encryption == nil || sm.Status.Encryption == nil:
+		return ""
+	case sm.Status.Encryption.RecordedBy == migrationv1alpha1.EncryptionRecordedByMoved:
+		return fmt.Sprintf("the last pass ended while the API servers' encryption state moved; every API server now encrypts with %s", target.Encryption)
+	}
+	recorded := engineEncryption(&sm.Status.Encryption.EncryptionState)
+	if recorded.Equal(*target.Encryption) {
+		return ""
+	}
+	return fmt.Sprintf("every API server encrypts with %s, and the objects were last written under %s", target.Encryption, recorded)
 }
 
 // skipsFirstPass says whether sm takes the objects of target to be stored
@@ -376,6 +428,8 @@ func migrationNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Tar
 		return "the spec changed"
 	case reRunRequested(sm):
 		return "a re-run was requested"
+	case encryptionRotated(sm, target) != "":
+		return encryptionRotated(sm, target)
 	case last == nil:
 		return storageMoved(sm.Status.Baseline, target)
 	case last.TargetVersion != target.TargetVersion():

@@ -159,6 +159,15 @@ type StorageMigrationStatus struct {
 	// +optional
 	Baseline *StorageBaseline `json:"baseline,omitempty"`
 
+	// encryption is, for a resource the operator re-encrypts after an
+	// encryption key rotation (--reencrypt-resources), the encryption state
+	// every API server reported when restow last re-encrypted every object
+	// (recordedBy: Pass), or when it first saw the resource (recordedBy:
+	// Baseline, nothing rewritten). A pass runs once every API server
+	// reports another state.
+	// +optional
+	Encryption *EncryptionRecord `json:"encryption,omitempty"`
+
 	// lastHandledReRunToken is the value of the re-run annotation handled last:
 	// it is recorded when a pass starts for it, or when the migration stalls
 	// before a pass could start. A client that set the annotation waits for
@@ -167,6 +176,61 @@ type StorageMigrationStatus struct {
 	// +kubebuilder:validation:MaxLength=256
 	// +optional
 	LastHandledReRunToken string `json:"lastHandledReRunToken,omitempty"`
+}
+
+// EncryptionState is what the API servers encrypt a resource's writes with,
+// by their own metrics.
+type EncryptionState struct {
+	// configHash is the hash of the encryption configuration file every API
+	// server loaded ("sha256:" and the file's SHA-256 in hex, as
+	// apiserver_encryption_config_controller_last_config_info shows it);
+	// empty when they run without one.
+	// +kubebuilder:validation:MaxLength=80
+	// +optional
+	ConfigHash string `json:"configHash,omitempty"`
+
+	// kmsKeyIDHashes are, for each KMS v2 provider, "provider=hash" of the
+	// key ID its plugin reported last (apiserver_envelope_encryption_
+	// key_id_hash_status_last_timestamp_seconds), sorted.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=320
+	// +optional
+	KMSKeyIDHashes []string `json:"kmsKeyIDHashes,omitempty"`
+}
+
+// EncryptionRecordSource says how an encryption state was recorded.
+// +kubebuilder:validation:Enum=Baseline;Pass;Moved
+type EncryptionRecordSource string
+
+const (
+	// EncryptionRecordedByBaseline means: recorded at first sight, nothing
+	// rewritten.
+	EncryptionRecordedByBaseline EncryptionRecordSource = "Baseline"
+	// EncryptionRecordedByPass means: a pass rewrote every object while every
+	// API server reported this state, from its start to its end.
+	EncryptionRecordedByPass EncryptionRecordSource = "Pass"
+	// EncryptionRecordedByMoved means: the last pass began under this state, and
+	// the API servers reported another, or could not be read, when it
+	// ended: its objects are under no one state known, and the next pass
+	// runs once every server reports one.
+	EncryptionRecordedByMoved EncryptionRecordSource = "Moved"
+)
+
+// EncryptionRecord is the encryption state a resource's objects were last
+// written under, and how restow knows.
+type EncryptionRecord struct {
+	EncryptionState `json:",inline"`
+
+	// recordedBy says whether a pass re-encrypted every object under this
+	// state (Pass), restow recorded it at first sight (Baseline), or the
+	// last pass began under it and ended under another (Moved).
+	// +required
+	RecordedBy EncryptionRecordSource `json:"recordedBy"`
+
+	// recordedAt is when restow recorded it.
+	// +required
+	RecordedAt metav1.Time `json:"recordedAt"`
 }
 
 // StorageBaseline is the storage version restow found a resource at before
@@ -323,6 +387,12 @@ type PassProgress struct {
 	// (see crdUID).
 	// +optional
 	CRDGeneration int64 `json:"crdGeneration,omitempty"`
+
+	// encryption is, for a resource re-encrypted after a key rotation, the
+	// encryption state every API server reported when the pass began: an
+	// interrupted pass resumes only under the same one.
+	// +optional
+	Encryption *EncryptionState `json:"encryption,omitempty"`
 
 	// listResourceVersion is the resourceVersion of the pass's list snapshot:
 	// an object not written since was rewritten by the pass itself.

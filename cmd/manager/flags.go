@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/restow/restow/internal/logging"
@@ -199,6 +200,16 @@ func (o *options) validate() (labels.Selector, error) {
 			}
 			return nil
 		},
+		func() error {
+			for _, r := range splitList(o.reEncrypt) {
+				gr := schema.ParseGroupResource(r)
+				bad := len(validation.IsDNS1123Label(gr.Resource)) > 0 || gr.Group != "" && len(validation.IsDNS1123Subdomain(gr.Group)) > 0
+				if bad {
+					return usagef(`--reencrypt-resources: %q is not a resource.group name ("secrets", "configmaps", "deployments.apps")`, r)
+				}
+			}
+			return nil
+		},
 		func() error { return address("metrics-bind-address", o.metricsAddr, false) },
 		func() error { return address("health-probe-bind-address", o.probeAddr, true) },
 		func() error { return address("pprof-bind-address", o.pprofAddr, true) },
@@ -256,6 +267,16 @@ func address(name, addr string, emptyIsOff bool) error {
 		return usagef("--%s %q is not an address: want host:port or :port (such as :8443), or 0 to turn it off", name, addr)
 	}
 	return nil
+}
+
+// reEncryptResources are the resources --reencrypt-resources names.
+func reEncryptResources(value string) []schema.GroupResource {
+	names := splitList(value)
+	out := make([]schema.GroupResource, 0, len(names))
+	for _, r := range names {
+		out = append(out, schema.ParseGroupResource(r))
+	}
+	return out
 }
 
 // splitList splits a comma-separated flag value, dropping blanks.

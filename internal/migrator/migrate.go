@@ -50,6 +50,9 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	if cause := context.Cause(ctx); err != nil && errors.Is(cause, storedversions.ErrCRDChanged) {
 		err = cause
 	}
+	if err == nil && target.Encryption != nil {
+		result.EncryptionMoved = mg.m.encryptionMoved(ctx, target)
+	}
 	return result, err
 }
 

@@ -113,6 +113,11 @@ type Migrator struct {
 	// name of the kubernetes Service (switch.go). Without it, several API
 	// servers are waited for by LagBound alone.
 	Config *rest.Config
+	// ReEncrypt names the resources restow re-encrypts after an encryption
+	// key rotation (encryption.go): Resolve reads which encryption state
+	// every API server loaded into Target.Encryption, and waits until they
+	// agree.
+	ReEncrypt []schema.GroupResource
 	// probes holds a discovery client per API server address.
 	probes sync.Map
 	// crdClient watches the CRDs of migrations (history.go), made from
@@ -282,6 +287,10 @@ type Target struct {
 	// API server at APIServerAddresses: it relies on LagWait for those it
 	// cannot see.
 	unseen string
+	// Encryption is, for a resource Migrator.ReEncrypt names, what every
+	// API server encrypted writes with when Resolve read their metrics
+	// (encryption.go); nil for any other.
+	Encryption *EncryptionState
 }
 
 // CRDState is what a migration remembers of a CRD when it begins.
@@ -351,12 +360,27 @@ func (m *Migrator) Resolve(ctx context.Context, gr schema.GroupResource) (Target
 		// Most likely during an upgrade, when nothing may be assumed.
 		return Target{}, &TransientError{Err: err}
 	}
-	if target.StorageVersionHash == "" {
-		// Nothing shows which version any server stores at (an aggregated
-		// API, or discovery without hashes): nothing to wait for either.
+	if target.StorageVersionHash != "" {
+		if target, err = m.resolveBuiltIn(ctx, target); err != nil {
+			return Target{}, err
+		}
+	}
+	// Without a storageVersionHash nothing shows which version any server
+	// stores at (an aggregated API, or discovery without hashes): nothing
+	// to wait for either, but the encryption state still counts.
+	if !m.reEncrypts(gr) {
 		return target, nil
 	}
-	return m.resolveBuiltIn(ctx, target)
+	if target.StorageVersionHash == "" {
+		return Target{}, &StalledError{Message: fmt.Sprintf(
+			"restow re-encrypts only resources that kube-apiserver stores itself, and discovery publishes no storageVersionHash for %s (an aggregated API's are stored by its own server): remove it from --reencrypt-resources", gr)}
+	}
+	state, err := m.agreedEncryption(ctx, target)
+	if err != nil {
+		return Target{}, err
+	}
+	target.Encryption = &state
+	return target, nil
 }
 
 // resolveBuiltIn counts the API servers for a resource that is not served

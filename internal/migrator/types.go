@@ -129,6 +129,10 @@ type Checkpoint struct {
 	TargetVersion string
 	CRDUID        types.UID
 	CRDGeneration int64
+	// Encryption is the target's encryption state when the migration
+	// began: a pass resumes only for the same one, since the objects done
+	// before were written under it.
+	Encryption *EncryptionState
 	// ListResourceVersion is the resourceVersion of the first pass's list
 	// snapshot; objects not written since were rewritten as no-ops.
 	ListResourceVersion string
@@ -154,6 +158,9 @@ func (cp *Checkpoint) Resumes(target Target) bool {
 	if cp == nil || target.Partial() || cp.StartTime.IsZero() || cp.TargetVersion != target.TargetVersion() || !cp.waitedFor(target) {
 		return false
 	}
+	if (cp.Encryption == nil) != (target.Encryption == nil) || cp.Encryption != nil && !cp.Encryption.Equal(*target.Encryption) {
+		return false
+	}
 	if target.CRD == nil {
 		return cp.CRDUID == ""
 	}
@@ -175,6 +182,8 @@ func ResumeFrom(saved *Checkpoint, target Target) (cp *Checkpoint, resumed bool,
 	switch {
 	case saved != nil && !saved.waitedFor(target):
 		startOver = "starting over: the interrupted pass waited less for every API server to switch than this control plane needs"
+	case saved != nil && target.Encryption != nil:
+		startOver = "starting over: the target version or the API servers' encryption state changed since the interrupted pass"
 	case saved != nil:
 		startOver = "starting over: the CRD or the target version changed since the interrupted pass"
 	}
@@ -196,6 +205,7 @@ func NewCheckpoint(target Target) *Checkpoint {
 	if target.CRD != nil {
 		cp.CRDUID, cp.CRDGeneration = target.CRD.UID, target.CRD.Generation
 	}
+	cp.Encryption = target.Encryption
 	return cp
 }
 
@@ -232,6 +242,12 @@ type Result struct {
 	Pruned []string
 	// StartTime is when the migration began (for a resumed one, the first start).
 	StartTime time.Time
+	// EncryptionMoved, for a target with an Encryption state, says how the
+	// API servers' encryption state differed from it when the pass ended,
+	// or that it could not be read: the pass may have written some objects
+	// under another key, so it re-encrypted for no one state. "" when
+	// every server still reported the state the pass began with.
+	EncryptionMoved string
 }
 
 // Observer receives progress. It may be called from several goroutines and

@@ -68,6 +68,9 @@ manager.
 {{- with .Values.builtinDiscoveryInterval }}
 - --builtin-discovery-interval={{ . }}
 {{- end }}
+{{- with .Values.reencryptResources }}
+- --reencrypt-resources={{ join "," . }}
+{{- end }}
 {{- if not .Values.deferToStorageVersionMigrations }}
 - --defer-to-storage-version-migrations=false
 {{- end }}
@@ -138,14 +141,16 @@ narrowed to rbac.migratedGroups and restow's own group unless they include
 {{- define "restow.managerRules" -}}
 {{- $role := .Files.Get "files/manager-role.yaml" | fromYaml }}
 {{- $rules := $role.rules }}
-{{- $first := first $rules }}
-{{- if or (ne (toJson $first.apiGroups) "[\"*\"]") (ne (toJson $first.resources) "[\"*\"]") }}
-{{- fail "files/manager-role.yaml: rule 0 is no longer list, patch and update on */*; update the chart's rbac.migratedGroups handling" }}
+{{- /* Rule 0 is the API servers' /metrics; rule 1 is every resource of every group (controller-gen's order). */}}
+{{- $metrics := index $rules 0 }}
+{{- $all := index $rules 1 }}
+{{- if or (ne (toJson $metrics.nonResourceURLs) "[\"/metrics\"]") (ne (toJson $all.apiGroups) "[\"*\"]") (ne (toJson $all.resources) "[\"*\"]") }}
+{{- fail "files/manager-role.yaml: rules 0 and 1 are no longer /metrics and list, patch and update on */*; update the chart's rbac.migratedGroups handling" }}
 {{- end }}
 {{- $groups := .Values.rbac.migratedGroups }}
 {{- if not (has "*" $groups) }}
 {{- $groups = append $groups "migration.restow.dev" | uniq }}
-{{- $rules = prepend (rest $rules) (dict "apiGroups" $groups "resources" $first.resources "verbs" $first.verbs) }}
+{{- $rules = prepend (prepend (rest (rest $rules)) (dict "apiGroups" $groups "resources" $all.resources "verbs" $all.verbs)) $metrics }}
 {{- end }}
 {{- toYaml $rules }}
 {{- end }}

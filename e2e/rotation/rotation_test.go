@@ -1,0 +1,265 @@
+//go:build e2e
+
+// Package rotation runs restow's manager across encryption key rotations:
+// Secrets written under one key are re-encrypted under the next once the
+// API server reports it loaded it, and kubectl restow verify shows every
+// one under the new key from etcd. Run with `make test-e2e`.
+package rotation
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/e2e/scenario"
+	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/operator"
+	"github.com/restow/restow/internal/testenv"
+	"github.com/restow/restow/internal/testenv/kmsplugin"
+)
+
+const (
+	// name is the StorageMigration restow creates for Secrets.
+	name      = "secrets"
+	namespace = "vault"
+	// n Secrets are written before the rotation.
+	n = 200
+	// planted is every Secret's value: verify must never print it.
+	planted = "rotation-e2e-planted-value"
+)
+
+// TestMain gives controller-runtime's clients, which kubectl restow verify
+// makes, a logger.
+func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}
+
+// TestAESCBCKeyRotation: Secrets under aescbc key1; restow, started then,
+// records the encryption configuration as its baseline and rewrites
+// nothing. The configuration is reloaded with key2 first (key1 still
+// reads): restow sees the API server report the new configuration's hash
+// in its metrics and re-encrypts every Secret under key2, which kubectl
+// restow verify --expect-key key2 confirms from etcd. Then key1 is removed,
+// and every Secret still reads after the API server restarted.
+func TestAESCBCKeyRotation(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "encryption.yaml")
+	writeConfig(t, config, aescbc("key1", "key2"))
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServerArgs: map[string]string{
+		"encryption-provider-config": config, "encryption-provider-config-automatic-reload": "true",
+	}})
+	createSecrets(t, cp)
+	startManager(t, cp)
+	baseline := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, configHash(t, config))
+	if baseline.Status.LastPass != nil {
+		t.Fatalf("a pass ran at first sight: %+v", baseline.Status.LastPass)
+	}
+	verifyKey(t, cp, "key1", 0)
+	verifyKey(t, cp, "key2", cli.ExitMismatch)
+
+	rotated := time.Now()
+	writeConfig(t, config, aescbc("key2", "key1"))
+	sm := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, configHash(t, config))
+	logPass(t, sm, rotated)
+	verifyKey(t, cp, "key2", 0)
+
+	// key1 is no longer needed: remove it, and restart the API server so
+	// that it reads every Secret from etcd again (its watch cache holds
+	// them decrypted): each still reads.
+	writeConfig(t, config, aescbc("key2"))
+	if _, _, err := cp.RestartAPIServer(t.Context(), 0); err != nil {
+		t.Fatal(err)
+	}
+	assertSecretsRead(t, cp)
+	verifyKey(t, cp, "key2", 0)
+}
+
+// TestKMSv2KeyIDChange: Secrets encrypted by a KMS v2 plugin over gRPC at
+// key ID k1; the plugin's key ID changes to k2 without any change of the
+// configuration. kube-apiserver sees it at its next Status call and says so
+// in its metrics; restow re-encrypts every Secret, and verify shows each
+// under the new key ID.
+func TestKMSv2KeyIDChange(t *testing.T) {
+	plugin, err := kmsplugin.Start("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(plugin.Stop)
+	config := filepath.Join(t.TempDir(), "encryption.yaml")
+	writeConfig(t, config, fmt.Sprintf("  - kms:\n      apiVersion: v2\n      name: testkms\n      endpoint: %s\n      timeout: 5s\n", plugin.Endpoint))
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServerArgs: map[string]string{"encryption-provider-config": config}})
+	createSecrets(t, cp)
+	startManager(t, cp)
+	baseline := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, configHash(t, config))
+	if len(baseline.Status.Encryption.KMSKeyIDHashes) != 1 {
+		t.Fatalf("baseline %+v: want the key ID hash of one KMS v2 provider", baseline.Status.Encryption)
+	}
+	verifyKey(t, cp, "k1", 0)
+
+	rotated := time.Now()
+	plugin.SetKeyID("k2")
+	// kube-apiserver asks a healthy plugin for its status once a minute.
+	sm := cp.WaitForMigration(t, name, 3*time.Minute, "re-encrypted under a new KMS v2 key ID", func(sm *migrationv1alpha1.StorageMigration) bool {
+		e := sm.Status.Encryption
+		return e != nil && e.RecordedBy == migrationv1alpha1.EncryptionRecordedByPass && len(e.KMSKeyIDHashes) == 1 &&
+			e.KMSKeyIDHashes[0] != baseline.Status.Encryption.KMSKeyIDHashes[0] && isReady(sm)
+	})
+	logPass(t, sm, rotated)
+	verifyKey(t, cp, "k2", 0)
+	assertSecretsRead(t, cp)
+}
+
+// aescbc is the providers of an EncryptionConfiguration with aescbc keys in
+// order (the first writes, all read), then identity.
+func aescbc(keys ...string) string {
+	// Fixed test keys of 32 bytes each, base64: each name keeps its key.
+	secrets := map[string]string{"key1": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "key2": "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA="}
+	var b strings.Builder
+	b.WriteString("  - aescbc:\n      keys:\n")
+	for _, k := range keys {
+		fmt.Fprintf(&b, "      - name: %s\n        secret: %s\n", k, secrets[k])
+	}
+	return b.String()
+}
+
+// writeConfig writes an EncryptionConfiguration of Secrets with providers
+// and identity last, replacing the file at once (a rename), so that a
+// reload never reads half of it.
+func writeConfig(t *testing.T, path, providers string) {
+	t.Helper()
+	text := "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n" + providers + "  - identity: {}\n"
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// configHash is the hash kube-apiserver reports of the configuration file.
+func configHash(t *testing.T, path string) string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("sha256:%x", sha256.Sum256(raw))
+}
+
+func createSecrets(t *testing.T, cp *testenv.Env) {
+	t.Helper()
+	if err := cp.EnsureNamespaces(t.Context(), namespace); err != nil {
+		t.Fatal(err)
+	}
+	err := cp.CreateObjects(t.Context(), n, func(i int) client.Object {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("s-%04d", i), Namespace: namespace}, StringData: map[string]string{"password": planted}}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startManager runs the manager binary re-encrypting Secrets, with every
+// other built-in resource left alone.
+func startManager(t *testing.T, cp *testenv.Env) {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{
+		"--auto-migrate-builtins=false", "--reencrypt-resources=secrets",
+		"--stalled-retry-base=1s", "--stalled-retry-max=5s", "--status-interval=1s",
+		// A reload changes no Lease: this period is what sees it.
+		"--builtin-discovery-interval=2s",
+	}})
+}
+
+// waitEncryption waits until the StorageMigration of Secrets records the
+// configuration of hash, by a pass or as its baseline, and is Ready.
+func waitEncryption(t *testing.T, cp *testenv.Env, by migrationv1alpha1.EncryptionRecordSource, hash string) *migrationv1alpha1.StorageMigration {
+	t.Helper()
+	// A reload comes within a minute of the file's change.
+	sm := cp.WaitForMigration(t, name, 3*time.Minute, fmt.Sprintf("recording %s by %s", hash, by), func(sm *migrationv1alpha1.StorageMigration) bool {
+		e := sm.Status.Encryption
+		return e != nil && e.RecordedBy == by && e.ConfigHash == hash && isReady(sm)
+	})
+	t.Logf("Recorded by %s: %+v; Ready: %s", by, sm.Status.Encryption.EncryptionState, apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition).Message)
+	return sm
+}
+
+// logPass logs the last pass: how long after the rotation it ended, and
+// its requests (one list per page, one write per object).
+func logPass(t *testing.T, sm *migrationv1alpha1.StorageMigration, rotated time.Time) {
+	t.Helper()
+	p := sm.Status.LastPass
+	if p == nil || p.Failed > 0 || p.Listed < n {
+		t.Fatalf("last pass %+v: want %d listed, no failure", p, n)
+	}
+	t.Logf("Re-encrypted: %d listed, %d migrated, %d already stored in %s; ended %s after the rotation",
+		p.Listed, p.Migrated, p.AlreadyStored, p.CompletionTime.Sub(p.StartTime.Time).Round(100*time.Millisecond),
+		p.CompletionTime.Sub(rotated).Round(100*time.Millisecond))
+}
+
+// verifyKey runs kubectl restow verify secrets --expect-key key, straight
+// from etcd, and fails unless it exits want.
+func verifyKey(t *testing.T, cp *testenv.Env, key string, want int) {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := cli.Execute(t.Context(), []string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(dir, "cache"),
+		"verify", name, "--etcd-endpoints", cp.EtcdURL(), "--expect-key", key}, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	t.Logf("kubectl restow verify secrets --expect-key %s: exit %d\n%s%s", key, code, out.String(), errOut.String())
+	if strings.Contains(out.String()+errOut.String(), planted) {
+		t.Fatal("verify printed a Secret's value")
+	}
+	if code != want {
+		t.Errorf("kubectl restow verify --expect-key %s exited %d, want %d", key, code, want)
+	}
+}
+
+// assertSecretsRead lists the Secrets through the API: each decrypts to the
+// value written.
+func assertSecretsRead(t *testing.T, cp *testenv.Env) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var list corev1.SecretList
+	if err := cp.Client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	read := 0
+	for _, s := range list.Items {
+		if string(s.Data["password"]) == planted {
+			read++
+		}
+	}
+	if read != n {
+		t.Fatalf("%d of %d Secrets read back their value", read, n)
+	}
+}
+
+func isReady(sm *migrationv1alpha1.StorageMigration) bool {
+	return apimeta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
+		sm.Status.ObservedGeneration == sm.Generation
+}

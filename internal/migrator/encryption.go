@@ -1,0 +1,272 @@
+package migrator
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientdiscovery "k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+)
+
+// Re-encryption after an encryption key rotation.
+//
+// A rewrite stores an object under the key the API server that takes it
+// writes with: the first provider of its encryption configuration, or, for
+// a KMS v2 provider, the key ID its plugin reported last. A rotation makes
+// a new key the first (or the plugin reports a new key ID), and every
+// object stays under the old key until it is written again. So a resource
+// named in Migrator.ReEncrypt needs a pass once every API server encrypts
+// with the new state, and a pass through a server that has not switched
+// writes under the old key again.
+//
+// kube-apiserver says what it loaded in its own metrics, which restow reads
+// from each server at its own address, as it reads each one's discovery
+// (switch.go):
+//   - apiserver_encryption_config_controller_last_config_info{hash}: the
+//     sha256 of the encryption configuration file the server loaded, at
+//     start and after each automatic reload (set once the new providers are
+//     in place);
+//   - apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds
+//     {provider_name,key_id_hash}: the hash of the key ID each KMS v2
+//     plugin's Status reported, with when; the latest per provider is the
+//     key ID the server writes with once it has made a data key for it.
+// Resolve waits (a *WaitError) until every server reports one state, and
+// records it in Target.Encryption; Migrate reads them again at its end and
+// reports, in Result.EncryptionMoved, a state that moved meanwhile, so that
+// no one takes the pass for a re-encryption under a state it did not
+// cover. Where restow cannot read every server (servers it counts but has
+// no address of, a client configuration that verifies nothing), it does
+// not re-encrypt on its own and says why.
+
+const (
+	configInfoMetric = "apiserver_encryption_config_controller_last_config_info"
+	kmsKeyIDMetric   = "apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds"
+)
+
+// EncryptionState is what an API server encrypts writes with, by its own
+// metrics.
+type EncryptionState struct {
+	// ConfigHash is the hash ("sha256:...") of the encryption
+	// configuration file the server loaded; "" when it runs without one.
+	ConfigHash string
+	// KMSKeyIDHashes are, for each KMS v2 provider, "provider=hash of the
+	// key ID" its plugin reported last, sorted.
+	KMSKeyIDHashes []string
+}
+
+// Equal reports whether s and o are the same state.
+func (s EncryptionState) Equal(o EncryptionState) bool {
+	return s.ConfigHash == o.ConfigHash && slices.Equal(s.KMSKeyIDHashes, o.KMSKeyIDHashes)
+}
+
+// String says what s is, for status and logs.
+func (s EncryptionState) String() string {
+	var b strings.Builder
+	if s.ConfigHash == "" {
+		b.WriteString("no encryption configuration")
+	} else {
+		b.WriteString("encryption configuration " + s.ConfigHash)
+	}
+	for _, k := range s.KMSKeyIDHashes {
+		provider, hash, _ := strings.Cut(k, "=")
+		fmt.Fprintf(&b, ", KMS v2 provider %s at key ID hash %s", provider, hash)
+	}
+	return b.String()
+}
+
+// reEncrypts reports whether restow re-encrypts gr after a rotation.
+func (m *Migrator) reEncrypts(gr schema.GroupResource) bool {
+	return slices.Contains(m.ReEncrypt, gr)
+}
+
+// agreedEncryption reads every API server's metrics and returns the one
+// state they all report, or a *WaitError that says what each reported, or
+// why restow cannot read them all.
+func (m *Migrator) agreedEncryption(ctx context.Context, target Target) (EncryptionState, error) {
+	gr := target.Resource.GroupResource()
+	if target.LagWait == 0 {
+		// One API server, by every signal: the one restow talks to.
+		client, err := m.metricsClient(m.Config, "")
+		if err != nil {
+			return EncryptionState{}, &WaitError{Message: fmt.Sprintf("restow cannot read the API server's metrics to learn which encryption configuration it loaded, so it does not re-encrypt %s on its own: %v", gr, err)}
+		}
+		state, err := readEncryption(ctx, client)
+		if err != nil {
+			return EncryptionState{}, &WaitError{Message: fmt.Sprintf("restow cannot read the API server's metrics to learn which encryption configuration it loaded, so it does not re-encrypt %s yet: %s", gr, Message(err))}
+		}
+		return state, nil
+	}
+	why := target.unseen
+	switch {
+	case why != "":
+	case len(target.APIServerAddresses) == 0:
+		why = "it has the address of none of them"
+	case m.canVerifyServers() != nil:
+		why = m.canVerifyServers().Error()
+	}
+	if why != "" {
+		return EncryptionState{}, &WaitError{Message: fmt.Sprintf(
+			"restow cannot read each API server's metrics (%s), so it cannot know that every one encrypts with the new key, and does not re-encrypt %s on its own; once every server has loaded the configuration, kubectl restow migrate %s re-encrypts by hand",
+			why, gr, gr)}
+	}
+	states := make([]EncryptionState, len(target.APIServerAddresses))
+	errs := make([]error, len(target.APIServerAddresses))
+	var wg sync.WaitGroup
+	for i, address := range target.APIServerAddresses {
+		wg.Go(func() {
+			client, err := m.metricsClient(m.Config, address)
+			if err == nil {
+				states[i], err = readEncryption(ctx, client)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	return agree(gr, target.APIServerAddresses, states, errs)
+}
+
+// agree returns the one state every server reported, or a *WaitError that
+// says what each did: a server that could not be read, or reported another
+// state, may still write under another key.
+func agree(gr schema.GroupResource, addresses []string, states []EncryptionState, errs []error) (EncryptionState, error) {
+	said := make([]string, len(addresses))
+	agreed := true
+	for i, address := range addresses {
+		switch {
+		case errs[i] != nil:
+			said[i] = fmt.Sprintf("%s cannot be read (%s)", address, Message(errs[i]))
+			agreed = false
+		default:
+			said[i] = fmt.Sprintf("%s has loaded %s", address, states[i])
+			agreed = agreed && states[i].Equal(states[0])
+		}
+	}
+	if !agreed {
+		return EncryptionState{}, &WaitError{Message: fmt.Sprintf(
+			"Waiting for every API server to load one encryption configuration before re-encrypting %s: a rewrite through a server that has not stores under the old key again. Each server's own metrics show: %s",
+			gr, strings.Join(said, "; "))}
+	}
+	return states[0], nil
+}
+
+// metricsClient is a client of the API server at address (Config's host
+// when ""), with Config's credentials, verifying the server's certificate
+// under APIServerServiceName when it reaches one at its own address.
+func (m *Migrator) metricsClient(config *rest.Config, address string) (rest.Interface, error) {
+	if config == nil {
+		return nil, errors.New("restow has no client configuration")
+	}
+	if address != "" {
+		dc, err := m.serverDiscovery(address)
+		if err != nil {
+			return nil, err
+		}
+		return dc.RESTClient(), nil
+	}
+	cfg := rest.CopyConfig(config)
+	cfg.APIPath = ""
+	cfg.Timeout = probeTimeout
+	cfg.RateLimiter = nil
+	dc, err := clientdiscovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return dc.RESTClient(), nil
+}
+
+// readEncryption reads one API server's metrics and says what it encrypts
+// with.
+func readEncryption(ctx context.Context, client rest.Interface) (EncryptionState, error) {
+	raw, err := client.Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return EncryptionState{}, err
+	}
+	return ParseEncryptionMetrics(raw)
+}
+
+// ParseEncryptionMetrics reads what an API server encrypts with from its
+// metrics in the Prometheus text format: only the two families above are
+// parsed, the rest (megabytes on a busy server) is skipped line by line.
+func ParseEncryptionMetrics(raw []byte) (EncryptionState, error) {
+	var kept bytes.Buffer
+	lines := bufio.NewScanner(bytes.NewReader(raw))
+	lines.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for lines.Scan() {
+		line := lines.Bytes()
+		name := bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("# HELP ")), []byte("# TYPE "))
+		if bytes.HasPrefix(name, []byte(configInfoMetric)) || bytes.HasPrefix(name, []byte(kmsKeyIDMetric)) {
+			kept.Write(line)
+			kept.WriteByte('\n')
+		}
+	}
+	if err := lines.Err(); err != nil {
+		return EncryptionState{}, fmt.Errorf("reading metrics: %w", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(&kept)
+	if err != nil {
+		return EncryptionState{}, fmt.Errorf("parsing metrics: %w", err)
+	}
+	var state EncryptionState
+	if f := families[configInfoMetric]; f != nil {
+		hashes := map[string]bool{}
+		for _, metric := range f.GetMetric() {
+			hashes[label(metric, "hash")] = true
+		}
+		if len(hashes) != 1 {
+			// One server reports one configuration; several would be
+			// servers behind one address, each with its own.
+			return EncryptionState{}, fmt.Errorf("%s reports %d configurations", configInfoMetric, len(hashes))
+		}
+		for h := range hashes {
+			state.ConfigHash = h
+		}
+	}
+	if f := families[kmsKeyIDMetric]; f != nil {
+		latest := map[string]*dto.Metric{}
+		for _, metric := range f.GetMetric() {
+			provider := label(metric, "provider_name")
+			if last := latest[provider]; last == nil || metric.GetGauge().GetValue() > last.GetGauge().GetValue() {
+				latest[provider] = metric
+			}
+		}
+		for provider, metric := range latest {
+			state.KMSKeyIDHashes = append(state.KMSKeyIDHashes, provider+"="+label(metric, "key_id_hash"))
+		}
+		slices.Sort(state.KMSKeyIDHashes)
+	}
+	return state, nil
+}
+
+func label(metric *dto.Metric, name string) string {
+	for _, l := range metric.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// encryptionMoved reads every API server's encryption state again at the
+// end of a pass over target and says how it differs from the one the pass
+// began with, or that it could not be read; "" when it is the same.
+func (m *Migrator) encryptionMoved(ctx context.Context, target Target) string {
+	now, err := m.agreedEncryption(ctx, target)
+	switch {
+	case err != nil:
+		return "at the end of the pass, " + Message(err)
+	case !now.Equal(*target.Encryption):
+		return fmt.Sprintf("the API servers loaded %s during the pass, which began under %s", now, target.Encryption)
+	}
+	return ""
+}

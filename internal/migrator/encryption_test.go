@@ -1,0 +1,80 @@
+package migrator
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// serverMetrics is part of what kube-apiserver 1.37 serves at /metrics with
+// a KMS v2 provider whose key ID changed from k1 to k2 (the second status
+// is the later), among lines of other families that must be skipped.
+const serverMetrics = `# HELP apiserver_request_total [STABLE] Counter of apiserver requests.
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",verb="GET"} 42
+# HELP apiserver_encryption_config_controller_last_config_info [ALPHA] Information about the last applied encryption configuration with hash as label, split by apiserver identity.
+# TYPE apiserver_encryption_config_controller_last_config_info gauge
+apiserver_encryption_config_controller_last_config_info{apiserver_id_hash="sha256:aa",hash="sha256:c78b"} 1
+# HELP apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds [ALPHA] The last time in seconds when a keyID was returned by the Status RPC call.
+# TYPE apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds gauge
+apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds{apiserver_id_hash="sha256:aa",key_id_hash="sha256:k1",provider_name="testkms"} 1.7962e+09
+apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds{apiserver_id_hash="sha256:aa",key_id_hash="sha256:k2",provider_name="testkms"} 1.7963e+09
+apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds{apiserver_id_hash="sha256:aa",key_id_hash="sha256:x",provider_name="other"} 1.7961e+09
+# HELP apiserver_envelope_encryption_key_id_hash_total [ALPHA] Number of times a keyID is used split by transformation type, provider, and apiserver identity.
+# TYPE apiserver_envelope_encryption_key_id_hash_total counter
+apiserver_envelope_encryption_key_id_hash_total{apiserver_id_hash="sha256:aa",key_id_hash="sha256:k1",provider_name="testkms",transformation_type="to_storage"} 3
+`
+
+func TestParseEncryptionMetrics(t *testing.T) {
+	got, err := ParseEncryptionMetrics([]byte(serverMetrics))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := EncryptionState{ConfigHash: "sha256:c78b", KMSKeyIDHashes: []string{"other=sha256:x", "testkms=sha256:k2"}}
+	if !got.Equal(want) {
+		t.Errorf("ParseEncryptionMetrics = %+v, want %+v (the latest key ID per provider)", got, want)
+	}
+	// A server without an encryption configuration reports neither family.
+	none, err := ParseEncryptionMetrics([]byte("# TYPE apiserver_request_total counter\napiserver_request_total 1\n"))
+	if err != nil || !none.Equal(EncryptionState{}) || none.String() != "no encryption configuration" {
+		t.Errorf("without encryption: %+v (%q), %v", none, none.String(), err)
+	}
+	// Two configurations behind one address are not one state.
+	two := serverMetrics + `apiserver_encryption_config_controller_last_config_info{apiserver_id_hash="sha256:bb",hash="sha256:0000"} 1` + "\n"
+	if _, err := ParseEncryptionMetrics([]byte(two)); err == nil {
+		t.Error("two configurations at one address: no error")
+	}
+}
+
+// TestAgree: restow re-encrypts only when every API server it reads reports
+// one state; a server that cannot be read, or reports another, holds it
+// back, and the message names it.
+func TestAgree(t *testing.T) {
+	gr := schema.GroupResource{Resource: "secrets"}
+	addresses := []string{"10.0.0.1:6443", "10.0.0.2:6443"}
+	a, b := EncryptionState{ConfigHash: "sha256:a"}, EncryptionState{ConfigHash: "sha256:b"}
+	for _, tc := range []struct {
+		name   string
+		states []EncryptionState
+		errs   []error
+		says   string
+	}{
+		{name: "one state", states: []EncryptionState{b, b}, errs: []error{nil, nil}},
+		{name: "the second not reloaded", states: []EncryptionState{b, a}, errs: []error{nil, nil}, says: "10.0.0.2:6443 has loaded encryption configuration sha256:a"},
+		{name: "the first not reloaded", states: []EncryptionState{a, b}, errs: []error{nil, nil}, says: "10.0.0.1:6443 has loaded encryption configuration sha256:a"},
+		{name: "the second unread", states: []EncryptionState{b, {}}, errs: []error{nil, errors.New("connection refused")}, says: "10.0.0.2:6443 cannot be read (connection refused)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := agree(gr, addresses, tc.states, tc.errs)
+			var waiting *WaitError
+			switch {
+			case tc.says == "" && (err != nil || !got.Equal(b)):
+				t.Errorf("agree = %+v, %v; want %+v", got, err, b)
+			case tc.says != "" && (!errors.As(err, &waiting) || !strings.Contains(waiting.Message, tc.says)):
+				t.Errorf("agree = %+v, %v; want a WaitError saying %q", got, err, tc.says)
+			}
+		})
+	}
+}
