@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -122,6 +123,91 @@ func TestKMSv2KeyIDChange(t *testing.T) {
 	logPass(t, sm, rotated)
 	verifyKey(t, cp, "k2", 0)
 	assertSecretsRead(t, cp)
+}
+
+// TestRotationWaitsForEveryServer: two API servers on addresses of their
+// own, without automatic reload. The configuration file gets key2 first,
+// and only the first server restarts and loads it: the second still
+// encrypts with key1, and a Secret rewritten through it stays under key1.
+// While they disagree restow rewrites nothing (no Secret's key in etcd
+// moves) and says which server loaded which configuration; once the second
+// restarts too, it re-encrypts every Secret under key2.
+func TestRotationWaitsForEveryServer(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "encryption.yaml")
+	writeConfig(t, config, aescbc("key1", "key2"))
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServers: 2, OwnAddresses: true,
+		APIServerArgs: map[string]string{"encryption-provider-config": config}})
+	testenv.WaitProgress(t, "two API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
+		hostnames, addresses, err := cp.APIServerSignals(ctx)
+		return len(hostnames) == 2 && len(addresses) == 2, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
+	})
+	createSecrets(t, cp)
+	startManager(t, cp)
+	old := configHash(t, config)
+	waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, old)
+
+	writeConfig(t, config, aescbc("key2", "key1"))
+	if err := cp.RestartOwnAPIServer(t.Context(), 0); err != nil {
+		t.Fatal(err)
+	}
+	// While the servers disagree: no Secret written, no pass, and the
+	// StorageMigration names the server that still has the old key first.
+	lagging := strings.TrimPrefix(cp.ServerConfig(1).Host, "https://")
+	written := lastWrite(t, cp)
+	sm := &migrationv1alpha1.StorageMigration{}
+	said := false
+	for hold := time.Now().Add(20 * time.Second); time.Now().Before(hold); time.Sleep(time.Second) {
+		if now := lastWrite(t, cp); now != written {
+			t.Fatalf("a Secret was written (etcd revision %d, %d before) while one API server still encrypted with key1", now, written)
+		}
+		if err := cp.Client.Get(t.Context(), client.ObjectKey{Name: name}, sm); err != nil {
+			t.Fatal(err)
+		}
+		if sm.Status.Progress != nil || sm.Status.Encryption.RecordedBy != migrationv1alpha1.EncryptionRecordedByBaseline {
+			t.Fatalf("a pass ran while one API server still encrypted with key1: progress %+v, encryption %+v", sm.Status.Progress, sm.Status.Encryption)
+		}
+		c := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReconcilingCondition)
+		if c != nil && c.Status == metav1.ConditionTrue && strings.Contains(c.Message, lagging+" has loaded encryption configuration "+old) && !said {
+			said = true
+			t.Logf("While the servers disagree: %s: %s", c.Reason, c.Message)
+		}
+	}
+	if !said {
+		t.Errorf("in 20 s of disagreement restow never said that %s has loaded %s", lagging, old)
+	}
+	verifyKey(t, cp, "key1", 0)
+
+	rotated := time.Now()
+	if err := cp.RestartOwnAPIServer(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	sm = waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, configHash(t, config))
+	logPass(t, sm, rotated)
+	verifyKey(t, cp, "key2", 0)
+}
+
+// lastWrite is the etcd revision of the last write of any Secret in the
+// test's namespace: it moves when one is rewritten, whatever key it is
+// stored under.
+func lastWrite(t *testing.T, cp *testenv.Env) int64 {
+	t.Helper()
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{cp.EtcdURL()}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcd.Close()
+	resp, err := etcd.Get(t.Context(), "/registry/secrets/"+namespace+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) < n {
+		t.Fatalf("etcd holds %d Secrets in %s, want %d", len(resp.Kvs), namespace, n)
+	}
+	var last int64
+	for _, kv := range resp.Kvs {
+		last = max(last, kv.ModRevision)
+	}
+	return last
 }
 
 // aescbc is the providers of an EncryptionConfiguration with aescbc keys in
