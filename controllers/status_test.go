@@ -5,6 +5,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
@@ -70,6 +71,13 @@ func TestPassNeeded(t *testing.T) {
 		p.StorageVersionHash = hash
 		return p
 	}
+	keyed := func(t migrator.Target, hash string) migrator.Target {
+		t.Encryption = &migrator.EncryptionState{ConfigHash: hash}
+		return t
+	}
+	recorded := func(hash string, by migrationv1alpha1.EncryptionRecordSource) *migrationv1alpha1.EncryptionRecord {
+		return &migrationv1alpha1.EncryptionRecord{EncryptionState: migrationv1alpha1.EncryptionState{ConfigHash: hash}, RecordedBy: by}
+	}
 	tests := []struct {
 		name    string
 		status  migrationv1alpha1.StorageMigrationStatus
@@ -81,6 +89,11 @@ func TestPassNeeded(t *testing.T) {
 		wantRun bool
 	}{
 		{name: "built-in: first pass", gen: 1, target: builtIn("v1", "one="), wantRun: true},
+		{name: "re-encrypted: at its baseline", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline, Encryption: recorded("sha256:a", migrationv1alpha1.EncryptionRecordedByBaseline)}, target: keyed(builtIn("v1beta1", "beta="), "sha256:a")},
+		{name: "re-encrypted: every server loaded another configuration", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline, Encryption: recorded("sha256:a", migrationv1alpha1.EncryptionRecordedByBaseline)}, target: keyed(builtIn("v1beta1", "beta="), "sha256:b"), wantRun: true},
+		{name: "re-encrypted: at its last pass's configuration", gen: 1, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: hashed(done("v1", 0), "one="), Encryption: recorded("sha256:b", migrationv1alpha1.EncryptionRecordedByPass)}, target: keyed(builtIn("v1", "one="), "sha256:b")},
+		{name: "re-encrypted: the last pass ended while the state moved", gen: 1, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: hashed(done("v1", 0), "one="), Encryption: recorded("sha256:b", migrationv1alpha1.EncryptionRecordedByMoved)}, target: keyed(builtIn("v1", "one="), "sha256:b"), wantRun: true},
+		{name: "re-encrypted: nothing recorded yet", gen: 1, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: hashed(done("v1", 0), "one=")}, target: keyed(builtIn("v1", "one="), "sha256:b")},
 		{name: "built-in skipping: at its baseline", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline}, target: builtIn("v1beta1", "beta=")},
 		{name: "built-in skipping: moved from its baseline", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline}, target: builtIn("v1", "one="), wantRun: true},
 		{name: "built-in skipping: no hash to compare", gen: 1, skip: true, status: migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: baseline}, target: builtIn("", "")},
@@ -145,6 +158,36 @@ func TestProgressSummary(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := progressSummary(&tt.status); got != tt.want {
 				t.Errorf("progressSummary = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestReEncryptedRecordsOnlyAStateThatHeld: the end of a pass records the
+// encryption state it began under as Pass only when every API server still
+// reported it at the end; otherwise as Moved, with a Warning, so that the
+// next state they agree on starts another pass.
+func TestReEncryptedRecordsOnlyAStateThatHeld(t *testing.T) {
+	target := migrator.Target{Resource: schema.GroupVersionResource{Version: "v1", Resource: "secrets"},
+		Encryption: &migrator.EncryptionState{ConfigHash: "sha256:b"}}
+	for _, tc := range []struct {
+		name   string
+		moved  string
+		want   migrationv1alpha1.EncryptionRecordSource
+		reason string
+	}{
+		{name: "held", want: migrationv1alpha1.EncryptionRecordedByPass, reason: "ReEncrypted"},
+		{name: "moved", moved: "the API servers loaded encryption configuration sha256:c during the pass", want: migrationv1alpha1.EncryptionRecordedByMoved, reason: "EncryptionMoved"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, _ := reEncrypted(t.Context(), outcome{}, target, migrator.Result{EncryptionMoved: tc.moved})
+			status := &migrationv1alpha1.StorageMigrationStatus{}
+			out.status.writeTo(status)
+			if status.Encryption == nil || status.Encryption.RecordedBy != tc.want || status.Encryption.ConfigHash != "sha256:b" {
+				t.Errorf("recorded %+v, want sha256:b by %s", status.Encryption, tc.want)
+			}
+			if len(out.events) != 1 || out.events[0].reason != tc.reason {
+				t.Errorf("events %+v, want one %s", out.events, tc.reason)
 			}
 		})
 	}
