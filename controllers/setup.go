@@ -50,6 +50,9 @@ type Options struct {
 	// MaxPasses bounds the passes that list and rewrite at once; zero means
 	// the migrator's default.
 	MaxPasses int
+	// MaxBuiltInPasses bounds, within MaxPasses, the passes over built-in
+	// resources; zero means migrator.DefaultMaxBuiltInPasses.
+	MaxBuiltInPasses int
 
 	// AutoMigrate runs the automatic trigger: a StorageMigration for every
 	// CRD whose status.storedVersions lists more than its storage version.
@@ -93,6 +96,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return err
 	}
 	m.LagBound, m.AssumeSeveral, m.MaxPasses = opts.LagBound, opts.AssumeSeveral, opts.MaxPasses
+	m.MaxBuiltInPasses = opts.MaxBuiltInPasses
 	m.APIServerAddresses, m.LagLimit = opts.APIServerAddresses, opts.LagLimit
 	m.ReEncrypt = opts.ReEncrypt
 	m.SlotsChanged = func(running int) { passesRunning.Set(float64(running)) }

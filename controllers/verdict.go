@@ -90,6 +90,8 @@ func runUnderWay(target migrator.Target, p migrator.Progress, status *migrationv
 	switch {
 	case p.Retrying != "":
 		return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+p.Retrying)
+	case p.WaitingForSlot && target.CRD == nil:
+		return reconciling(migrationv1alpha1.ProgressingReason, "Waiting for one of the passes that run at once (--max-concurrent-passes, and --max-concurrent-builtin-passes for built-in resources) to end")
 	case p.WaitingForSlot:
 		return reconciling(migrationv1alpha1.ProgressingReason, "Waiting for one of the passes that run at once (--max-concurrent-passes) to end")
 	case p.Phase == migrator.PhaseRewriting && p.Done() == 0 && p.Switching != "":

@@ -137,6 +137,7 @@ func (o *options) validate() (labels.Selector, error) {
 		func() error { return between("concurrency", int64(o.concurrency), maxConcurrency) },
 		func() error { return between("page-size", o.pageSize, maxPageSize) },
 		func() error { return between("max-concurrent-passes", int64(o.maxPasses), maxPasses) },
+		func() error { return between("max-concurrent-builtin-passes", int64(o.maxBuiltInPasses), maxPasses) },
 		func() error { return positive("status-interval", o.statusInterval, "") },
 		func() error {
 			return positive("settle-window", o.settleWindow, " (at least twice the API server's --request-timeout)")

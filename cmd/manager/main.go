@@ -47,6 +47,7 @@ type options struct {
 	burst                int
 	concurrency          int
 	maxPasses            int
+	maxBuiltInPasses     int
 	pageSize             int64
 	statusInterval       time.Duration
 	settleWindow         time.Duration
@@ -93,6 +94,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	// and Fairness does the throttling (config/flowcontrol).
 	fs.Float64Var(&o.qps, "kube-api-qps", 1000, "Client-side rate limit on requests to the API server, per second.")
 	fs.IntVar(&o.burst, "kube-api-burst", 2000, "Client-side burst of requests to the API server.")
+	fs.IntVar(&o.maxBuiltInPasses, "max-concurrent-builtin-passes", migrator.DefaultMaxBuiltInPasses, "Most passes over built-in resources (after a control-plane upgrade or a key rotation) that list and rewrite at once, within --max-concurrent-passes.")
 	fs.IntVar(&o.maxPasses, "max-concurrent-passes", migrator.DefaultMaxPasses, "Most passes that list and rewrite at once, over every resource: others wait for one to end (waiting out the lag bound or the settle window takes none). Bounds memory and API load when many resources need migrating at once.")
 	fs.IntVar(&o.concurrency, "concurrency", migrator.DefaultConcurrency, "Most objects rewritten in parallel per pass, unless a StorageMigration sets spec.concurrency: each pass paces itself below it, to what the API server can take.")
 	fs.Int64Var(&o.pageSize, "page-size", migrator.DefaultPageSize, "Objects listed per page, unless a StorageMigration sets spec.pageSize.")
@@ -265,6 +267,7 @@ func run(args []string, stdout io.Writer) error {
 	err = controllers.Setup(ctx, mgr, controllers.Options{
 		Concurrency:         opts.concurrency,
 		MaxPasses:           opts.maxPasses,
+		MaxBuiltInPasses:    opts.maxBuiltInPasses,
 		PageSize:            opts.pageSize,
 		StatusInterval:      opts.statusInterval,
 		SettleWindow:        opts.settleWindow,

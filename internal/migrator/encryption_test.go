@@ -1,9 +1,11 @@
 package migrator
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -76,5 +78,36 @@ func TestAgree(t *testing.T) {
 				t.Errorf("agree = %+v, %v; want a WaitError saying %q", got, err, tc.says)
 			}
 		})
+	}
+}
+
+// TestBuiltInPassesOneAtATime: by default one pass over a built-in
+// resource lists and rewrites at a time, within MaxPasses, while passes
+// over CRDs still take the other slots.
+func TestBuiltInPassesOneAtATime(t *testing.T) {
+	m := &Migrator{MaxPasses: 3}
+	release, err := m.passSlot(t.Context(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.slotsBusy(true) || m.slotsBusy(false) {
+		t.Errorf("with one built-in pass running: busy for a built-in %v, for a CRD %v; want true, false", m.slotsBusy(true), m.slotsBusy(false))
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := m.passSlot(ctx, true); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a second built-in pass took a slot (%v) while one ran", err)
+	}
+	for range 2 {
+		if _, err := m.passSlot(t.Context(), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !m.slotsBusy(false) {
+		t.Error("three passes run, MaxPasses 3: not busy")
+	}
+	release()
+	if len(m.builtInSlots) != 0 || len(m.slots) != 2 {
+		t.Errorf("after the built-in pass ended: %d built-in, %d slots taken; want 0, 2", len(m.builtInSlots), len(m.slots))
 	}
 }

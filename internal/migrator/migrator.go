@@ -87,6 +87,13 @@ type Migrator struct {
 	SlotsChanged func(running int)
 	slotsOnce    sync.Once
 	slots        chan struct{}
+	// MaxBuiltInPasses bounds, within MaxPasses, the passes over resources
+	// not served from a CRD (built-in ones: after an upgrade or a key
+	// rotation many may move at once, Secrets and ConfigMaps among them,
+	// and each is read by the whole cluster). Zero means
+	// DefaultMaxBuiltInPasses.
+	MaxBuiltInPasses int
+	builtInSlots     chan struct{}
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
 	// and Objects' requests, so passes slow down at once (package pace).
 	Throttle *pace.Throttle
@@ -133,9 +140,35 @@ type Migrator struct {
 // CRDs switched) is worked off a few at a time, not all at once.
 const DefaultMaxPasses = 4
 
-// passSlot waits until fewer than MaxPasses passes list and rewrite, and
-// returns the function that frees the slot it took.
-func (m *Migrator) passSlot(ctx context.Context) (func(), error) {
+// DefaultMaxBuiltInPasses is Migrator.MaxBuiltInPasses by default: one
+// built-in resource at a time.
+const DefaultMaxBuiltInPasses = 1
+
+// passSlot waits until fewer than MaxPasses passes list and rewrite (and,
+// for a built-in resource, fewer than MaxBuiltInPasses of those), and
+// returns the function that frees the slots it took.
+func (m *Migrator) passSlot(ctx context.Context, builtIn bool) (func(), error) {
+	if !builtIn {
+		return m.slot(ctx)
+	}
+	select {
+	case m.builtInPassSlots() <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	release, err := m.slot(ctx)
+	if err != nil {
+		<-m.builtInSlots
+		return nil, err
+	}
+	return func() {
+		release()
+		<-m.builtInSlots
+	}, nil
+}
+
+// slot takes one of MaxPasses slots.
+func (m *Migrator) slot(ctx context.Context) (func(), error) {
 	slots := m.passSlots()
 	select {
 	case slots <- struct{}{}:
@@ -162,8 +195,18 @@ func (m *Migrator) passSlots() chan struct{} {
 			n = DefaultMaxPasses
 		}
 		m.slots = make(chan struct{}, n)
+		b := m.MaxBuiltInPasses
+		if b <= 0 {
+			b = DefaultMaxBuiltInPasses
+		}
+		m.builtInSlots = make(chan struct{}, min(b, n))
 	})
 	return m.slots
+}
+
+func (m *Migrator) builtInPassSlots() chan struct{} {
+	m.passSlots()
+	return m.builtInSlots
 }
 
 // charge adds n to what the passes hold of listed objects, unless that
@@ -180,10 +223,10 @@ func (m *Migrator) charge(n, budget int64) bool {
 	}
 }
 
-// slotsBusy reports whether every pass slot is taken now.
-func (m *Migrator) slotsBusy() bool {
-	slots := m.passSlots()
-	return len(slots) == cap(slots)
+// slotsBusy reports whether every pass slot a pass needs is taken now.
+func (m *Migrator) slotsBusy(builtIn bool) bool {
+	slots, builtIns := m.passSlots(), m.builtInPassSlots()
+	return len(slots) == cap(slots) || builtIn && len(builtIns) == cap(builtIns)
 }
 
 // NewForConfig builds a migrator on cfg whose reads are all uncached: c

@@ -135,13 +135,15 @@ func (mg *migration) pass(parent context.Context, recheck bool) error {
 }
 
 // takeSlot waits for one of the passes that list and rewrite at once
-// (Migrator.MaxPasses), saying so while it waits, and returns the function
+// (Migrator.MaxPasses, and Migrator.MaxBuiltInPasses for a resource not
+// served from a CRD), saying so while it waits, and returns the function
 // that frees it.
 func (mg *migration) takeSlot(ctx context.Context) (func(), error) {
-	if mg.m.slotsBusy() {
+	builtIn := mg.target.CRD == nil
+	if mg.m.slotsBusy(builtIn) {
 		mg.setWaitingForSlot(true)
 	}
-	release, err := mg.m.passSlot(ctx)
+	release, err := mg.m.passSlot(ctx, builtIn)
 	mg.setWaitingForSlot(false)
 	return release, err
 }
