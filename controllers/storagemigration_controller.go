@@ -331,6 +331,12 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
 	}
 	why := migrationNeeded(sm, target)
+	if why == "" && target.EncryptionUnknown != "" {
+		// A rotation may be under way: nothing recorded, nothing claimed.
+		out := reconciling(migrationv1alpha1.WaitingForEncryptionConfigReason, target.EncryptionUnknown)
+		out.status.observedGeneration = set(sm.Generation)
+		return out, r.runs.waiting.When(sm.Name)
+	}
 	if why == "" && skipsFirstPass(sm, target) {
 		// Still at the baseline: say so, not that every object is known
 		// to be stored at it.

@@ -34,6 +34,12 @@ const (
 	// server does not serve the new storage version yet.
 	WaitingForStorageVersionReason = "WaitingForStorageVersion"
 
+	// WaitingForEncryptionConfigReason (Reconciling=True, Ready=False): for
+	// a resource re-encrypted after key rotations, restow does not know
+	// which encryption configuration every API server loaded (they
+	// disagree, or some cannot be read), and nothing else needs a pass.
+	WaitingForEncryptionConfigReason = "WaitingForEncryptionConfig"
+
 	// SettlingReason (Reconciling=True, Ready=False): every object was
 	// rewritten; the pass waits for the settle window to end, then rewrites
 	// again what others wrote within it, before it prunes.

@@ -94,7 +94,7 @@ func (m *Migrator) reEncrypts(gr schema.GroupResource) bool {
 // why restow cannot read them all.
 func (m *Migrator) agreedEncryption(ctx context.Context, target Target) (EncryptionState, error) {
 	gr := target.Resource.GroupResource()
-	if target.LagWait == 0 {
+	if target.LagWait == 0 && target.unseen == "" {
 		// One API server, by every signal: the one restow talks to.
 		client, err := m.metricsClient(m.Config, "")
 		if err != nil {
@@ -185,13 +185,24 @@ func (m *Migrator) metricsClient(config *rest.Config, address string) (rest.Inte
 }
 
 // readEncryption reads one API server's metrics and says what it encrypts
-// with.
+// with. A KMS v2 key ID counts only once the server's health check passes
+// after the metrics were read: kube-apiserver records the key ID a plugin
+// reports before it makes a data key for it, under the probe's lock, and
+// a health check waits for that lock and fails while the server could not
+// make one (it then goes on writing under the old key ID).
 func readEncryption(ctx context.Context, client rest.Interface) (EncryptionState, error) {
 	raw, err := client.Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return EncryptionState{}, err
 	}
-	return ParseEncryptionMetrics(raw)
+	state, err := ParseEncryptionMetrics(raw)
+	if err != nil || len(state.KMSKeyIDHashes) == 0 {
+		return state, err
+	}
+	if body, err := client.Get().AbsPath("/healthz").DoRaw(ctx); err != nil {
+		return EncryptionState{}, fmt.Errorf("its health check fails, so its KMS v2 plugin may not have given it a data key for the key ID it reports, and it may still write under the old one: %s %s", Message(err), strings.TrimSpace(string(body)))
+	}
+	return state, nil
 }
 
 // ParseEncryptionMetrics reads what an API server encrypts with from its
@@ -224,8 +235,7 @@ func ParseEncryptionMetrics(raw []byte) (EncryptionState, error) {
 			hashes[label(metric, "hash")] = true
 		}
 		if len(hashes) != 1 {
-			// One server reports one configuration; several would be
-			// servers behind one address, each with its own.
+			// A server reports the one configuration it loaded last.
 			return EncryptionState{}, fmt.Errorf("%s reports %d configurations", configInfoMetric, len(hashes))
 		}
 		for h := range hashes {
@@ -261,6 +271,15 @@ func label(metric *dto.Metric, name string) string {
 // end of a pass over target and says how it differs from the one the pass
 // began with, or that it could not be read; "" when it is the same.
 func (m *Migrator) encryptionMoved(ctx context.Context, target Target) string {
+	// Counted again: a server that joined during the pass may have
+	// written under another key.
+	lagWait, servers, err := m.lagWait(ctx)
+	if err != nil {
+		return "at the end of the pass, restow could not count the API servers: " + Message(err)
+	}
+	if lagWait != target.LagWait || servers.unseen != target.unseen || !slices.Equal(servers.addresses, target.APIServerAddresses) {
+		return fmt.Sprintf("the API servers changed during the pass (%s at the start, %s at the end)", target.APIServerSignals, servers.signals)
+	}
 	now, err := m.agreedEncryption(ctx, target)
 	switch {
 	case err != nil:

@@ -111,3 +111,22 @@ func TestBuiltInPassesOneAtATime(t *testing.T) {
 		t.Errorf("after the built-in pass ended: %d built-in, %d slots taken; want 0, 2", len(m.builtInSlots), len(m.slots))
 	}
 }
+
+// TestEncryptionUnknownWhereServersCannotAllBeRead: restow never assumes
+// what servers it cannot read loaded, one server by its count included
+// when a signal says it cannot see them all.
+func TestEncryptionUnknownWhereServersCannotAllBeRead(t *testing.T) {
+	m := &Migrator{}
+	for _, target := range []Target{
+		{LagWait: 0, unseen: "Leases count 1 and default/kubernetes lists no address"},
+		{LagWait: DefaultLagBound, APIServers: 2, APIServerAddresses: []string{"10.0.0.1:6443"}, unseen: "2 API servers counted, 1 of them at an address"},
+		{LagWait: DefaultLagBound, APIServers: 2},
+	} {
+		target.Resource = schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
+		_, err := m.agreedEncryption(t.Context(), target)
+		var waiting *WaitError
+		if !errors.As(err, &waiting) || !strings.Contains(waiting.Message, "cannot read each API server's metrics") {
+			t.Errorf("%+v: agreedEncryption = %v, want a wait saying it cannot read each server", target, err)
+		}
+	}
+}

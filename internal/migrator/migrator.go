@@ -28,6 +28,7 @@ package migrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -332,8 +333,12 @@ type Target struct {
 	unseen string
 	// Encryption is, for a resource Migrator.ReEncrypt names, what every
 	// API server encrypted writes with when Resolve read their metrics
-	// (encryption.go); nil for any other.
+	// (encryption.go); nil for any other, and when it is not known.
 	Encryption *EncryptionState
+	// EncryptionUnknown says, for a resource Migrator.ReEncrypt names, why
+	// Resolve does not know what every API server encrypts with (they
+	// disagree, or some cannot be read); "" when Encryption is set.
+	EncryptionUnknown string
 }
 
 // CRDState is what a migration remembers of a CRD when it begins.
@@ -419,10 +424,17 @@ func (m *Migrator) Resolve(ctx context.Context, gr schema.GroupResource) (Target
 			"restow re-encrypts only resources that kube-apiserver stores itself, and discovery publishes no storageVersionHash for %s (an aggregated API's are stored by its own server): remove it from --reencrypt-resources", gr)}
 	}
 	state, err := m.agreedEncryption(ctx, target)
-	if err != nil {
+	var unknown *WaitError
+	switch {
+	case errors.As(err, &unknown):
+		// Not known: no pass for a rotation, no record; a pass for any
+		// other reason still runs, and records nothing of encryption.
+		target.EncryptionUnknown = unknown.Message
+	case err != nil:
 		return Target{}, err
+	default:
+		target.Encryption = &state
 	}
-	target.Encryption = &state
 	return target, nil
 }
 
