@@ -132,6 +132,15 @@ test-integration: envtest-assets $(PROMTOOL) $(GOTESTSUM) ## Run unit and integr
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) PROMTOOL=$(PROMTOOL) $(GOTESTSUM) --format pkgname \
 	  --jsonfile-timing-events $(TEST_REPORTS)/integration.json -- $(GO_TEST_FLAGS) ./...
 
+# The manager binary the tests run as a process (internal/operator.Build),
+# built once here rather than by each of the ten test packages that start it.
+TEST_MANAGER ?= $(LOCALBIN)/test-manager
+.PHONY: test-manager
+test-manager:
+	go build -trimpath -o $(TEST_MANAGER) ./cmd/manager
+test-integration test-e2e: test-manager
+test-integration test-e2e: export RESTOW_MANAGER_BINARY := $(TEST_MANAGER)
+
 # The SBOM and signing tests (internal/supplychain) run the Makefile's own
 # cyclonedx-gomod and cosign, which they find in these variables.
 test-integration: $(CYCLONEDX_GOMOD) $(COSIGN)
