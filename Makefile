@@ -152,7 +152,9 @@ RESTOW_BENCH_SIZES ?= 1000,10000,50000
 RESTOW_BENCH_OUT ?= $(CURDIR)/docs/bench
 BENCH_FLAGS ?= -benchtime 1x -timeout 3h
 
-E2E_FLAGS ?= -count=1 -timeout 40m -v
+# Three packages at once: an e2e test mostly waits (for a manager, a lag, a
+# settle window), so two left the cores idle a third of the time.
+E2E_FLAGS ?= -count=1 -timeout 40m -v -p 3
 
 .PHONY: test-e2e
 test-e2e: envtest-assets $(GOTESTSUM) ## Run the end-to-end suite: the manager binary as a process against the control plane, faults injected.

@@ -145,7 +145,7 @@ func TestDefaultInstall(t *testing.T) {
 			t.Errorf("server-side dry run of the sample %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 	}
-	find(t, render(t, "prometheus"), "ServiceMonitor")
+	find(t, render(t, "testdata/monitoring"), "ServiceMonitor")
 
 	var deploy appsv1.Deployment
 	into(t, find(t, objs, "Deployment"), &deploy)

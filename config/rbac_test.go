@@ -58,7 +58,8 @@ func TestManagerRBAC(t *testing.T) {
 	user := serviceaccount.MakeUsername(sa.Namespace, sa.Name)
 	groups := serviceaccount.MakeGroupNames(sa.Namespace)
 
-	// The example group of config/components/named-groups.
+	// The group config/testdata/named-groups adds to the component, as
+	// docs/install.md's overlay does.
 	crontabs := installCRD(t, "stable.example.com", "CronTab", "crontabs", 300)
 	canary := "restow-canary-" + randomHex(t)
 	secrets := createSecrets(t, "rbac-secrets", 50, canary)

@@ -33,10 +33,10 @@ import (
 	"github.com/restow/restow/internal/testenv"
 )
 
-// samplesDir holds the files of README.md's "Try it in five minutes".
+// samplesDir holds the files of README.md's "Try the operator on kind".
 const samplesDir = "samples/crontabs"
 
-// TestSamples holds config/samples/crontabs to README.md's "Try it in five
+// TestSamples holds config/samples/crontabs to README.md's "Try the operator on
 // minutes". Every file decodes strictly with the repository's scheme (the
 // CRDs as apiextensions.k8s.io/v1 CustomResourceDefinitions; the CronTabs,
 // which no scheme knows, are created with strict field validation against

@@ -94,8 +94,10 @@ func (m *Migrator) reEncrypts(gr schema.GroupResource) bool {
 // why restow cannot read them all.
 func (m *Migrator) agreedEncryption(ctx context.Context, target Target) (EncryptionState, error) {
 	gr := target.Resource.GroupResource()
-	if target.LagWait == 0 && target.unseen == "" {
-		// One API server, by every signal: the one restow talks to.
+	if target.LagWait == 0 {
+		// One API server, by every signal (lag.go: one that publishes no
+		// address, as on a single loopback server, says nothing either
+		// way): the one restow talks to.
 		client, err := m.metricsClient(m.Config, "")
 		if err != nil {
 			return EncryptionState{}, &WaitError{Message: fmt.Sprintf("restow cannot read the API server's metrics to learn which encryption configuration it loaded, so it does not re-encrypt %s on its own: %v", gr, err)}

@@ -404,7 +404,12 @@ func (m *Migrator) Resolve(ctx context.Context, gr schema.GroupResource) (Target
 		Namespaced: mapping.Scope.Name() == meta.RESTScopeNameNamespace,
 	}
 	target.StorageVersion, target.StorageVersionHash, err = m.builtInStorageVersion(gr, mapping.GroupVersionKind.Kind)
-	if err != nil {
+	switch {
+	case errors.Is(err, errNotServed):
+		// Nothing to rewrite, and nothing rewritten: retried with the
+		// Stalled backoff, in case a server that is starting lists less.
+		return Target{}, &StalledError{Message: fmt.Sprintf("the API server serves no resource %s: discovery does not list it", gr)}
+	case err != nil:
 		// Most likely during an upgrade, when nothing may be assumed.
 		return Target{}, &TransientError{Err: err}
 	}
@@ -518,7 +523,7 @@ func (m *Migrator) builtInStorageVersion(gr schema.GroupResource, kind string) (
 	}
 	i := slices.IndexFunc(groups.Groups, func(g metav1.APIGroup) bool { return g.Name == gr.Group })
 	if i < 0 {
-		return "", "", fmt.Errorf("discovery does not list the group of %s", gr)
+		return "", "", errNotServed
 	}
 	var versions []string
 	for _, v := range groups.Groups[i].Versions {
@@ -534,8 +539,13 @@ func (m *Migrator) builtInStorageVersion(gr schema.GroupResource, kind string) (
 			return versionWithHash(gr.Group, kind, builtInVersions(gr.Group, versions), hash), hash, nil
 		}
 	}
-	return "", "", fmt.Errorf("discovery does not list %s", gr)
+	return "", "", errNotServed
 }
+
+// errNotServed: discovery, read without an error, does not list the
+// resource, which restow's RESTMapper still maps (it caches discovery): a
+// CRD deleted since, or an API removed.
+var errNotServed = errors.New("discovery does not list the resource")
 
 // builtInVersions are served, then the versions of group that client-go's
 // scheme knows (every built-in group's), each once.

@@ -1,0 +1,57 @@
+package doccheck
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestInstallSaysWhatItDoes: in every document that shows how to install
+// the operator, the first install command comes after the line that says
+// what installing restow does (it starts migrating every pending CRD by
+// itself), so that no one runs one before reading it.
+func TestInstallSaysWhatItDoes(t *testing.T) {
+	install := regexp.MustCompile(`kubectl apply -f \S*install\.yaml|kubectl apply -k \S*config/default|helm (upgrade --)?install restow`)
+	for _, doc := range []string{"../../README.md", "../../docs/install.md", "../../charts/restow/README.md"} {
+		raw, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(raw)
+		says := strings.Index(text, "What installing restow does")
+		first := install.FindStringIndex(text)
+		switch {
+		case first == nil:
+			t.Errorf("%s shows no install command: drop it from this test", doc)
+		case says < 0:
+			t.Errorf("%s shows %q and never says what installing restow does", doc, text[first[0]:first[1]])
+		case first[0] < says:
+			line := strings.Count(text[:first[0]], "\n") + 1
+			t.Errorf("%s:%d shows %q before it says what installing restow does (line %d)", doc, line, text[first[0]:first[1]], strings.Count(text[:says], "\n")+1)
+		}
+	}
+}
+
+// TestREADMEFirstCommandEarly: a reader of the README meets a command to
+// run within its first 300 words, after what restow is, why, and when to
+// use it rather than the in-tree controller.
+func TestREADMEFirstCommandEarly(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(raw)
+	first := strings.Index(text, "```sh")
+	if first < 0 {
+		t.Fatal("README.md shows no command")
+	}
+	if words := len(strings.Fields(text[:first])); words > 300 {
+		t.Errorf("README.md's first command comes after %d words, more than 300", words)
+	}
+	for _, says := range []string{"**Why.**", "**restow or the in-tree StorageVersionMigration?**"} {
+		if i := strings.Index(text, says); i < 0 || i > first {
+			t.Errorf("README.md does not say %q before its first command", says)
+		}
+	}
+}
