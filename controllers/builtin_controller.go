@@ -197,12 +197,30 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 		if err := r.retire(ctx, all.Items, found); err != nil {
 			return ctrl.Result{}, err
 		}
+		r.sayUnknownReEncrypted(ctx, found)
 	}
 	if req == serversKey {
 		// builtInKey keeps the period.
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.Interval}, nil
+}
+
+// sayUnknownReEncrypted logs the resources --reencrypt-resources names
+// that a complete discovery read does not list among the built-in ones: a
+// misspelt name, or a resource served from a CRD, whose objects restow
+// does not re-encrypt on its own.
+func (r *BuiltInMigrationReconciler) sayUnknownReEncrypted(ctx context.Context, found []builtIn) {
+	var unknown []string
+	for _, gr := range r.ReEncrypt {
+		if !slices.ContainsFunc(found, func(b builtIn) bool { return b.gr == gr }) {
+			unknown = append(unknown, gr.String())
+		}
+	}
+	if len(unknown) > 0 {
+		ctrl.LoggerFrom(ctx).Info("--reencrypt-resources names resources that are not built-in resources the API servers serve; restow re-encrypts none of them",
+			"resources", unknown)
+	}
 }
 
 // recordedHash is the storageVersionHash sm's resource was last stored at,
