@@ -25,7 +25,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -33,7 +32,6 @@ import (
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/e2e/scenario"
 	"github.com/restow/restow/internal/cli"
-	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
 	"github.com/restow/restow/internal/testenv/kmsplugin"
 )
@@ -319,16 +317,7 @@ func createSecrets(t *testing.T, cp *testenv.Env) {
 // other built-in resource left alone.
 func startManager(t *testing.T, cp *testenv.Env) {
 	t.Helper()
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{
-		"--auto-migrate-builtins=false", "--reencrypt-resources=secrets",
-		"--stalled-retry-base=1s", "--stalled-retry-max=5s", "--status-interval=1s",
-		// A reload changes no Lease: this period is what sees it.
-		"--builtin-discovery-interval=2s",
-	}})
+	scenario.StartBuiltInManager(t, cp, "--auto-migrate-builtins=false", "--reencrypt-resources=secrets")
 }
 
 // waitEncryption waits until the StorageMigration of Secrets records the
@@ -361,16 +350,8 @@ func logPass(t *testing.T, sm *migrationv1alpha1.StorageMigration, rotated time.
 // from etcd, and fails unless it exits want.
 func verifyKey(t *testing.T, cp *testenv.Env, key string, want int) {
 	t.Helper()
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	var out, errOut bytes.Buffer
-	code := cli.Execute(t.Context(), []string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(dir, "cache"),
-		"verify", name, "--etcd-endpoints", cp.EtcdURL(), "--expect-key", key}, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
-	t.Logf("kubectl restow verify secrets --expect-key %s: exit %d\n%s%s", key, code, out.String(), errOut.String())
-	if strings.Contains(out.String()+errOut.String(), planted) {
+	out, errOut, code := scenario.Restow(t, cp, "verify", name, "--etcd-endpoints", cp.EtcdURL(), "--expect-key", key)
+	if strings.Contains(out+errOut, planted) {
 		t.Fatal("verify printed a Secret's value")
 	}
 	if code != want {

@@ -9,6 +9,7 @@
 package scenario
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,9 +30,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/cli"
 	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
 )
@@ -454,4 +457,37 @@ func logFile(t *testing.T, p *operator.Process) {
 		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name() + "-" + p.Name + ".log")
 		_ = os.WriteFile(filepath.Join(dir, name), []byte(p.Logs()), 0o644)
 	})
+}
+
+// StartBuiltInManager runs the manager binary on e for built-in resources,
+// with args after these defaults: short stalled retries, status every
+// second, and discovery read every 2 s (a server restarted in place, or a
+// reloaded encryption configuration, changes no Lease, so this period is
+// what sees it).
+func StartBuiltInManager(t *testing.T, e *testenv.Env, args ...string) *operator.Process {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := e.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: append([]string{
+		"--stalled-retry-base=1s", "--stalled-retry-max=5s", "--status-interval=1s", "--builtin-discovery-interval=2s",
+	}, args...)})
+}
+
+// Restow runs kubectl restow against e (its own kubeconfig and discovery
+// cache), logs what it printed, and returns its standard output and error
+// and its exit code.
+func Restow(t *testing.T, e *testenv.Env, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := e.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code = cli.Execute(t.Context(), append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(dir, "cache")}, args...),
+		genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	t.Logf("kubectl restow %s: exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
+	return out.String(), errOut.String(), code
 }

@@ -13,12 +13,10 @@
 package upgrade
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -28,14 +26,11 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/e2e/scenario"
-	"github.com/restow/restow/internal/cli"
-	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
 )
 
@@ -165,23 +160,11 @@ func createPolicies(t *testing.T, cp *testenv.Env) {
 
 // startManager runs the manager binary with automatic migration of
 // built-in resources, leaving every other built-in resource but the
-// policies alone.
+// policies alone: the test watches one StorageMigration, not fifty.
 func startManager(t *testing.T, cp *testenv.Env) {
 	t.Helper()
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig, Args: []string{
-		"--auto-migrate-builtins=true",
-		// Every other resource left alone: the test watches one
-		// StorageMigration, not fifty.
-		"--auto-migrate-builtins-exclude=" + strings.Join(cp.BuiltInsExcept(t, name), ","),
-		"--stalled-retry-base=1s", "--stalled-retry-max=5s", "--status-interval=1s",
-		// A server restarted in place keeps its identity Lease and holder,
-		// so discovery read on this period is what sees the upgrade.
-		"--builtin-discovery-interval=2s",
-	}})
+	scenario.StartBuiltInManager(t, cp, "--auto-migrate-builtins=true",
+		"--auto-migrate-builtins-exclude="+strings.Join(cp.BuiltInsExcept(t, name), ","))
 }
 
 // waitBaseline waits until the StorageMigration restow made for the
@@ -230,16 +213,8 @@ func assertStored(t *testing.T, cp *testenv.Env, want map[string]int) {
 // version the API server stores at.
 func verify(t *testing.T, cp *testenv.Env, version string) {
 	t.Helper()
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	var out, errOut bytes.Buffer
-	code := cli.Execute(t.Context(), []string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(dir, "cache"),
-		"verify", name, "--etcd-endpoints", cp.EtcdURL()}, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
-	t.Logf("kubectl restow verify %s: exit %d\n%s%s", name, code, out.String(), errOut.String())
-	if want := fmt.Sprintf("ok: %d objects stored at %s/%s", n, group, version); code != 0 || !strings.Contains(out.String(), want) {
+	out, _, code := scenario.Restow(t, cp, "verify", name, "--etcd-endpoints", cp.EtcdURL())
+	if want := fmt.Sprintf("ok: %d objects stored at %s/%s", n, group, version); code != 0 || !strings.Contains(out, want) {
 		t.Errorf("kubectl restow verify exited %d and did not say %q", code, want)
 	}
 }
