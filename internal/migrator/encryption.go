@@ -98,7 +98,7 @@ func (m *Migrator) agreedEncryption(ctx context.Context, target Target) (Encrypt
 		// One API server, by every signal (lag.go: one that publishes no
 		// address, as on a single loopback server, says nothing either
 		// way): the one restow talks to.
-		client, err := m.metricsClient(m.Config, "")
+		client, err := m.metricsClient("")
 		if err != nil {
 			return EncryptionState{}, &WaitError{Message: fmt.Sprintf("restow cannot read the API server's metrics to learn which encryption configuration it loaded, so it does not re-encrypt %s on its own: %v", gr, err)}
 		}
@@ -126,7 +126,7 @@ func (m *Migrator) agreedEncryption(ctx context.Context, target Target) (Encrypt
 	var wg sync.WaitGroup
 	for i, address := range target.APIServerAddresses {
 		wg.Go(func() {
-			client, err := m.metricsClient(m.Config, address)
+			client, err := m.metricsClient(address)
 			if err == nil {
 				states[i], err = readEncryption(ctx, client)
 			}
@@ -164,8 +164,8 @@ func agree(gr schema.GroupResource, addresses []string, states []EncryptionState
 // metricsClient is a client of the API server at address (Config's host
 // when ""), with Config's credentials, verifying the server's certificate
 // under APIServerServiceName when it reaches one at its own address.
-func (m *Migrator) metricsClient(config *rest.Config, address string) (rest.Interface, error) {
-	if config == nil {
+func (m *Migrator) metricsClient(address string) (rest.Interface, error) {
+	if m.Config == nil {
 		return nil, errors.New("restow has no client configuration")
 	}
 	if address != "" {
@@ -175,7 +175,7 @@ func (m *Migrator) metricsClient(config *rest.Config, address string) (rest.Inte
 		}
 		return dc.RESTClient(), nil
 	}
-	cfg := rest.CopyConfig(config)
+	cfg := rest.CopyConfig(m.Config)
 	cfg.APIPath = ""
 	cfg.Timeout = probeTimeout
 	cfg.RateLimiter = nil
