@@ -290,3 +290,27 @@ func splitList(value string) []string {
 	}
 	return items
 }
+
+// whatItDoes says in one sentence what the manager migrates by itself with
+// these flags: its first log line, as "What installing restow does" says
+// it in the docs.
+func (o *options) whatItDoes() string {
+	var parts []string
+	if o.autoMigrate {
+		crds := "every CRD whose status.storedVersions lists more than its storage version"
+		if o.autoMigrateSelector != "" {
+			crds += " and whose labels match " + strconv.Quote(o.autoMigrateSelector)
+		}
+		parts = append(parts, "rewrites "+crds+" at that version and prunes the others")
+	}
+	if o.autoMigrateBuiltIns {
+		parts = append(parts, "records each built-in resource's storage version and re-stores its objects once a control-plane upgrade moves it")
+	}
+	if names := splitList(o.reEncrypt); len(names) > 0 {
+		parts = append(parts, "re-encrypts "+strings.Join(names, ", ")+" after every encryption key rotation that every API server has loaded")
+	}
+	if len(parts) == 0 {
+		return "Migrates only the StorageMigrations users create (--auto-migrate=false, --auto-migrate-builtins=false)"
+	}
+	return "By itself, restow " + strings.Join(parts, "; ")
+}

@@ -295,6 +295,6 @@ func run(args []string, stdout io.Writer) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("Starting manager", "version", version.Get().Version)
+	log.Info("Starting manager", "version", version.Get().Version, "migrates", opts.whatItDoes())
 	return mgr.Start(ctx)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,6 +180,47 @@ func TestHelpAndVersion(t *testing.T) {
 	stdout, stderr, code := manager(t, "--version")
 	if code != 0 || stderr != "" || !strings.HasPrefix(stdout, "restow manager ") {
 		t.Errorf("manager --version: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+// TestWhatItDoes: the manager's first log line says what it migrates by
+// itself with the flags it was given, as the docs' "What installing restow
+// does" says it for the defaults.
+func TestWhatItDoes(t *testing.T) {
+	for _, tc := range []struct {
+		args         []string
+		want, absent []string
+	}{
+		{nil, []string{"every CRD whose status.storedVersions", "built-in resource"}, []string{"re-encrypts", "only the StorageMigrations"}},
+		{[]string{"--auto-migrate=false"}, []string{"built-in resource"}, []string{"every CRD", "only the StorageMigrations"}},
+		{[]string{"--auto-migrate-selector=app=shop", "--auto-migrate-builtins=false", "--reencrypt-resources=secrets"},
+			[]string{`labels match "app=shop"`, "re-encrypts secrets"}, []string{"built-in resource"}},
+		{[]string{"--auto-migrate=false", "--auto-migrate-builtins=false"}, []string{"only the StorageMigrations users create"}, []string{"every CRD", "built-in"}},
+	} {
+		opts, err := parse(tc.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		got := opts.whatItDoes()
+		if tc.args == nil {
+			raw, err := os.ReadFile("../../docs/install.md")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if quoted := `"migrates":"` + got + `"`; !strings.Contains(strings.Join(strings.Fields(string(raw)), " "), quoted) {
+				t.Errorf("docs/install.md does not quote the default install's log line %s", quoted)
+			}
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%v: %q lacks %q", tc.args, got, w)
+			}
+		}
+		for _, a := range tc.absent {
+			if strings.Contains(got, a) {
+				t.Errorf("%v: %q says %q", tc.args, got, a)
+			}
+		}
 	}
 }
 
