@@ -296,6 +296,44 @@ func TestChartServiceMonitor(t *testing.T) {
 	}
 }
 
+// TestChartNotes: what `helm install` prints says what restow will do by
+// itself with the values given, built-in resources included whether or not
+// CRDs are migrated automatically.
+func TestChartNotes(t *testing.T) {
+	builtIns := "Built-in resources get a StorageMigration each"
+	crds := "every CRD whose status.storedVersions lists more"
+	for _, tc := range []struct {
+		name         string
+		values       map[string]any
+		want, absent []string
+	}{
+		{"defaults", nil, []string{crds, builtIns}, []string{"is off", "not migrated by themselves"}},
+		{"CRDs off", map[string]any{"autoMigrate": false},
+			[]string{builtIns, "CRDs are not migrated by themselves"}, []string{crds, "is off"}},
+		{"all off", map[string]any{"autoMigrate": false, "autoMigrateBuiltins": false},
+			[]string{"Automatic migration is off"}, []string{crds, builtIns}},
+		{"re-encryption alone", map[string]any{"autoMigrate": false, "autoMigrateBuiltins": false, "reencryptResources": []any{"secrets"}},
+			[]string{"restow re-encrypts secrets", "CRDs are not migrated by themselves"}, []string{builtIns, "is off"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := templateChart(loadChart(t), "restow", "restow-system", tc.values)
+			if err != nil {
+				t.Fatalf("helm template: %v", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.Info.Notes, w) {
+					t.Errorf("NOTES lack %q:\n%s", w, r.Info.Notes)
+				}
+			}
+			for _, a := range tc.absent {
+				if strings.Contains(r.Info.Notes, a) {
+					t.Errorf("NOTES say %q:\n%s", a, r.Info.Notes)
+				}
+			}
+		})
+	}
+}
+
 // TestChartManagerArgs: the default chart runs the manager with exactly
 // config/default's flags, and each value adds its flag only when set.
 func TestChartManagerArgs(t *testing.T) {
