@@ -71,3 +71,23 @@ func TestREADMEFirstCommandEarly(t *testing.T) {
 		}
 	}
 }
+
+// TestTestTimeAgrees: the CI workflow's note on how long `make test` takes
+// gives the README's figure, so that the two never disagree again.
+func TestTestTimeAgrees(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(\d+m\d+s) on a fresh clone, the slowest of three consecutive green runs`).FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README.md's test row no longer gives the slowest of three fresh-clone runs")
+	}
+	ci, err := os.ReadFile("../../.github/workflows/ci.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(ci), "A fresh clone took "+string(m[1])) {
+		t.Errorf(".github/workflows/ci.yaml does not say the README's %s for a fresh clone's make test", m[1])
+	}
+}
