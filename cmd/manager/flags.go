@@ -292,7 +292,7 @@ func splitList(value string) []string {
 }
 
 // whatItDoes says in one sentence what the manager migrates by itself with
-// these flags: its first log line, as "What installing restow does" says
+// these flags: its Starting manager log line, as "What installing restow does" says
 // it in the docs.
 func (o *options) whatItDoes() string {
 	var parts []string

@@ -183,7 +183,7 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 }
 
-// TestWhatItDoes: the manager's first log line says what it migrates by
+// TestWhatItDoes: the manager's Starting manager log line says what it migrates by
 // itself with the flags it was given, as the docs' "What installing restow
 // does" says it for the defaults.
 func TestWhatItDoes(t *testing.T) {
