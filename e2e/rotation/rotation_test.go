@@ -58,7 +58,7 @@ func TestMain(m *testing.M) {
 // nothing. The configuration is reloaded with key2 first (key1 still
 // reads): restow sees the API server report the new configuration's hash
 // in its metrics and re-encrypts every Secret under key2, which kubectl
-// restow verify --expect-key key2 confirms from etcd. Then key1 is removed,
+// restow verify --expect-key aescbc:key2 confirms from etcd. Then key1 is removed,
 // and every Secret still reads after the API server restarted.
 func TestAESCBCKeyRotation(t *testing.T) {
 	config := filepath.Join(t.TempDir(), "encryption.yaml")
@@ -72,8 +72,8 @@ func TestAESCBCKeyRotation(t *testing.T) {
 	if baseline.Status.LastPass != nil {
 		t.Fatalf("a pass ran at first sight: %+v", baseline.Status.LastPass)
 	}
-	verifyKey(t, cp, "key1", 0)
-	verifyKey(t, cp, "key2", cli.ExitMismatch)
+	verifyKey(t, cp, "aescbc:key1", 0)
+	verifyKey(t, cp, "aescbc:key2", cli.ExitMismatch)
 
 	before := secretRequests(t, cp)
 	rotated := time.Now()
@@ -81,7 +81,7 @@ func TestAESCBCKeyRotation(t *testing.T) {
 	sm := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, configHash(t, config))
 	logPass(t, sm, rotated)
 	logRequests(t, before, secretRequests(t, cp))
-	verifyKey(t, cp, "key2", 0)
+	verifyKey(t, cp, "aescbc:key2", 0)
 
 	// key1 is no longer needed: remove it, and restart the API server so
 	// that it reads every Secret from etcd again (its watch cache holds
@@ -91,7 +91,7 @@ func TestAESCBCKeyRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertSecretsRead(t, cp)
-	verifyKey(t, cp, "key2", 0)
+	verifyKey(t, cp, "aescbc:key2", 0)
 }
 
 // TestKMSv2KeyIDChange: Secrets encrypted by a KMS v2 plugin over gRPC at
@@ -181,7 +181,7 @@ func TestRotationWaitsForEveryServer(t *testing.T) {
 	if !said {
 		t.Errorf("in 20 s of disagreement restow never said that %s has loaded %s", lagging, old)
 	}
-	verifyKey(t, cp, "key1", 0)
+	verifyKey(t, cp, "aescbc:key1", 0)
 
 	rotated := time.Now()
 	if err := cp.RestartOwnAPIServer(t.Context(), 1); err != nil {
@@ -189,7 +189,7 @@ func TestRotationWaitsForEveryServer(t *testing.T) {
 	}
 	sm = waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, configHash(t, config))
 	logPass(t, sm, rotated)
-	verifyKey(t, cp, "key2", 0)
+	verifyKey(t, cp, "aescbc:key2", 0)
 }
 
 // secretRequests counts, by verb, the requests for Secrets the API server

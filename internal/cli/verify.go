@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,22 +18,36 @@ import (
 	"google.golang.org/grpc"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/verify"
 )
 
-// ExitMismatch is verify's exit code when etcd holds objects that
-// --expect-version or --expect-key do not allow.
-const ExitMismatch = 5
+// verify's exit codes, beyond 0 and 1. When several hold, the highest is
+// given: a read that did not see every object proves nothing else.
+const (
+	// ExitMismatch: etcd holds objects that --expect-version or
+	// --expect-key do not allow.
+	ExitMismatch = 5
+	// ExitDanger: a danger verdict, with or without --expect-*: acting on
+	// what the API says would lose objects.
+	ExitDanger = 6
+	// ExitUnaccounted: etcd's read does not hold every object the API
+	// lists (a wrong --etcd-prefix, another etcd, a key layout verify does
+	// not know), or the prefix holds no key at all.
+	ExitUnaccounted = 7
+)
 
 type verifyOptions struct {
 	all            bool
 	output         string
 	expect         verify.Expectations
+	expectKey      string
 	scan           verify.ScanOptions
 	endpoints      []string
 	cacert         string
@@ -62,18 +77,28 @@ It needs the etcd client flags etcdctl takes: run it on a control-plane node,
 where the API server's etcd client certificate is. Those certificates give
 full access to the cluster: never copy them elsewhere.
 
+Every count is held against the API's count of the same resource at the
+same etcd revision: a read that finds fewer objects than the API lists (a
+wrong --etcd-prefix, a resource kept in another etcd) proves nothing and
+exits %d; a danger verdict exits %d.
+
 With --expect-version or --expect-key it is a gate: it exits %d if any object
-is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitMismatch),
+is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitUnaccounted, ExitDanger, ExitMismatch),
 		Example: `  # On a control-plane node of a kubeadm cluster:
   kubectl restow verify crontabs.stable.example.com \
     --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert /etc/kubernetes/pki/etcd/ca.crt \
     --etcd-cert /etc/kubernetes/pki/apiserver-etcd-client.crt --etcd-key /etc/kubernetes/pki/apiserver-etcd-client.key
   # A gate: every Secret under the new key
-  kubectl restow verify secrets --expect-key key2 ...`,
+  kubectl restow verify secrets --expect-key aescbc:key2 ...`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := opts.validate(args); err != nil {
 				return err
 			}
+			key, err := verify.ParseKey(opts.expectKey)
+			if err != nil {
+				return err
+			}
+			opts.expect.Key = key
 			c, err := f.clients(cmd.Context())
 			if err != nil {
 				return err
@@ -92,10 +117,11 @@ is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitMi
 	flags := cmd.Flags()
 	flags.BoolVar(&opts.all, "all", false, "Verify every resource that etcd stores: custom resources and built-in ones that can be listed and updated.")
 	flags.StringVar(&opts.expect.Version, "expect-version", "", "Exit "+fmt.Sprint(ExitMismatch)+" unless every object is stored at this version (v1, or group/v1).")
-	flags.StringVar(&opts.expect.Key, "expect-key", "", "Exit "+fmt.Sprint(ExitMismatch)+" unless every object is stored under this key: identity (not encrypted), a key or KMS provider name from the encryption configuration (key2, or aescbc:key2), or a KMS v2 key ID.")
+	flags.StringVar(&opts.expectKey, "expect-key", "", "Exit "+fmt.Sprint(ExitMismatch)+" unless every object is stored under this key: identity (not encrypted), a provider and a key's name from the encryption configuration (aescbc:key2; for KMS, kms:<name> or kmsv2:<name>), or a KMS v2 key ID.")
 	flags.IntVar(&opts.scan.Names, "names", verify.DefaultNames, "How many object names to show per count (0: none).")
 	flags.Float64Var(&opts.scan.Rate, "rate", 0, "Most objects read from etcd per second (0: no limit), so that a busy etcd is not starved.")
-	flags.Int64Var(&opts.scan.PageSize, "page-size", verify.DefaultPageSize, "Most values read from etcd per request; below it, each request reads about 8 MiB of values.")
+	flags.Int64Var(&opts.scan.PageSize, "page-size", verify.DefaultPageSize, fmt.Sprintf("Most values read from etcd per request; never more than %d MiB divided by --etcd-max-request-bytes.", verify.MaxPageBytes>>20))
+	flags.Int64Var(&opts.scan.MaxValueBytes, "etcd-max-request-bytes", verify.DefaultMaxValueBytes, "etcd's --max-request-bytes: no stored value is larger, so a page of values stays within "+fmt.Sprint(verify.MaxPageBytes>>20)+" MiB.")
 	flags.StringSliceVar(&opts.endpoints, "etcd-endpoints", []string{"127.0.0.1:2379"}, "etcd's client URLs, as etcdctl's --endpoints.")
 	flags.StringVar(&opts.cacert, "etcd-cacert", "", "CA bundle that signed etcd's serving certificate, as etcdctl's --cacert.")
 	flags.StringVar(&opts.cert, "etcd-cert", "", "Client certificate for etcd, as etcdctl's --cert.")
@@ -121,6 +147,7 @@ func (o verifyOptions) validate(args []string) error {
 	}
 	for _, err := range []error{
 		between("page-size", o.scan.PageSize, 1, maxPageSize),
+		between("etcd-max-request-bytes", o.scan.MaxValueBytes, 1, verify.MaxPageBytes),
 		positive("etcd-dial-timeout", o.connectTimeout),
 	} {
 		if err != nil {
@@ -162,13 +189,19 @@ func (o verifyOptions) dialEtcd() (*clientv3.Client, error) {
 
 // reachable reads the number of keys under the prefix, within
 // --etcd-dial-timeout: an etcd that does not answer, or refuses the
-// certificates, ends the command there rather than hanging the first scan.
+// certificates, ends the command there rather than hanging the first scan,
+// and a prefix under which etcd holds nothing is not the API server's.
 func (o verifyOptions) reachable(ctx context.Context, etcd verify.Reader) error {
 	ctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
 	defer cancel()
 	prefix := strings.TrimSuffix(o.scan.Prefix, "/") + "/"
-	if _, err := etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+	resp, err := etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
 		return fmt.Errorf("etcd at %s did not answer a read of %s within %s: %w", strings.Join(o.endpoints, ","), prefix, o.connectTimeout, err)
+	}
+	if resp.Count == 0 {
+		return &exitError{code: ExitUnaccounted, err: fmt.Errorf("etcd at %s holds no key under %s: that is not where this API server stores anything. Give --etcd-prefix the API server's --etcd-prefix (kube-apiserver's default is /registry; OpenShift's is /kubernetes.io), and --etcd-endpoints this cluster's etcd",
+			strings.Join(o.endpoints, ","), prefix)}
 	}
 	return nil
 }
@@ -177,6 +210,8 @@ func (o verifyOptions) reachable(ctx context.Context, etcd verify.Reader) error 
 type verifyTarget struct {
 	gr  schema.GroupResource
 	api verify.APIView
+	// listed is the version the API's count lists the resource at.
+	listed schema.GroupVersionKind
 	// skip says why etcd is not read for it.
 	skip string
 }
@@ -210,23 +245,31 @@ func runVerify(ctx context.Context, c *clients, etcd verify.Reader, streams gene
 	}
 	opts.scan.ExpectKey = opts.expect.Key
 	out := verifyOutput{}
-	gate := opts.expect.Version != "" || opts.expect.Key != ""
-	match := true
+	gate := opts.expect.Version != "" || opts.expect.Key.Given != ""
+	match, danger, unaccounted := true, false, false
+	var refused []string
 	for _, t := range targets {
 		res := verifiedResource{Resource: t.gr.String(), API: t.api, Skipped: t.skip}
 		if t.skip == "" {
-			report, err := verify.Scan(ctx, etcd, t.gr, t.api.CRD != nil, opts.scan)
+			scan := opts.scan
+			scan.APICount = c.apiCount(t.listed)
+			report, err := verify.Scan(ctx, etcd, t.gr, t.api.CRD != nil, scan)
 			if err != nil {
 				return err
 			}
 			j := verify.Judge(report, t.api, opts.expect)
 			res.Etcd, res.Findings, res.Mismatches = report, j.Findings, j.Mismatches
 			match = match && len(j.Mismatches) == 0
+			danger = danger || j.Failed()
+			unaccounted = unaccounted || j.Unaccounted()
+			if j.Refused != "" {
+				refused = append(refused, j.Refused)
+			}
 		}
 		out.Resources = append(out.Resources, res)
 	}
 	if gate {
-		out.Expect = &verifyExpect{Version: opts.expect.Version, Key: opts.expect.Key}
+		out.Expect = &verifyExpect{Version: opts.expect.Version, Key: opts.expect.Key.Given}
 		out.Match = &match
 	}
 	if opts.output != "" {
@@ -236,10 +279,54 @@ func runVerify(ctx context.Context, c *clients, etcd verify.Reader, streams gene
 	} else {
 		printVerify(streams.Out, out)
 	}
-	if gate && !match {
+	switch {
+	case unaccounted:
+		return &exitError{code: ExitUnaccounted, err: errors.New("etcd's read does not hold every object the API lists: nothing is proven; check --etcd-prefix and --etcd-endpoints")}
+	case danger:
+		return &exitError{code: ExitDanger, err: errors.New("danger: acting on what the API says would lose objects")}
+	case len(refused) > 0:
+		return errors.New(refused[0])
+	case gate && !match:
 		return &exitError{code: ExitMismatch, err: fmt.Errorf("etcd holds objects that %s does not allow", expectation(opts.expect))}
 	}
 	return nil
+}
+
+// tooLargeResourceVersion is the watch cache's answer to a revision it has
+// not seen yet.
+func tooLargeResourceVersion(err error) bool {
+	return apierrors.IsTimeout(err) && apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge)
+}
+
+// apiCount counts a resource's objects through the API at an etcd
+// revision: a list of one object at exactly that revision, whose remaining
+// item count is the rest. The watch cache may answer that the revision is
+// not yet in its view; it catches up within seconds.
+func (c *clients) apiCount(gvk schema.GroupVersionKind) func(context.Context, int64) (int64, error) {
+	return func(ctx context.Context, revision int64) (int64, error) {
+		list := &metav1.PartialObjectMetadataList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		opts := &client.ListOptions{Limit: 1}
+		if revision > 0 {
+			opts.Raw = &metav1.ListOptions{ResourceVersion: strconv.FormatInt(revision, 10), ResourceVersionMatch: metav1.ResourceVersionMatchExact}
+		}
+		err := retry.OnError(retry.DefaultBackoff, tooLargeResourceVersion, func() error {
+			return c.client.List(ctx, list, opts)
+		})
+		switch {
+		case tooLargeResourceVersion(err) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			return 0, fmt.Errorf("%w: listing %s at revision %d: %s", verify.ErrRevisionNotInAPI, gvk.GroupVersion(), revision, apierrors.ReasonForError(err))
+		case err != nil:
+			return 0, fmt.Errorf("listing %s: %w", gvk.GroupVersion(), err)
+		}
+		n := int64(len(list.Items))
+		if list.RemainingItemCount != nil {
+			n += *list.RemainingItemCount
+		} else if list.Continue != "" {
+			return 0, fmt.Errorf("listing %s: the API gave no remaining item count", gvk.GroupVersion())
+		}
+		return n, nil
+	}
 }
 
 func expectation(e verify.Expectations) string {
@@ -247,8 +334,8 @@ func expectation(e verify.Expectations) string {
 	if e.Version != "" {
 		parts = append(parts, "--expect-version "+e.Version)
 	}
-	if e.Key != "" {
-		parts = append(parts, "--expect-key "+e.Key)
+	if e.Key.Given != "" {
+		parts = append(parts, "--expect-key "+e.Key.Given)
 	}
 	return strings.Join(parts, " and ")
 }
@@ -295,9 +382,11 @@ func verifyTargets(ctx context.Context, c *clients, args []string, all bool) ([]
 			t.skip = "served by an aggregated API server: not stored in this etcd"
 		}
 		if t.skip == "" {
-			if err := c.discoverStorage(gr, &t.api); err != nil {
+			listed, err := c.discoverStorage(gr, &t.api)
+			if err != nil {
 				return nil, err
 			}
+			t.listed = listed
 		}
 		targets = append(targets, t)
 	}
@@ -316,29 +405,29 @@ func crdView(crd *apiextensionsv1.CustomResourceDefinition) *verify.CRDView {
 }
 
 // discoverStorage fills in the resource's kind and storageVersionHash from
-// the discovery of its preferred version.
-func (c *clients) discoverStorage(gr schema.GroupResource, api *verify.APIView) error {
+// the discovery of its preferred version, which it returns.
+func (c *clients) discoverStorage(gr schema.GroupResource, api *verify.APIView) (schema.GroupVersionKind, error) {
 	mapping, err := c.mapper.RESTMapping(schema.GroupKind{Group: gr.Group, Kind: api.Kind})
 	if api.Kind == "" || err != nil {
 		gvk, kerr := c.mapper.KindFor(gr.WithVersion(""))
 		if kerr != nil {
-			return fmt.Errorf("the kind of %s: %w", gr, kerr)
+			return schema.GroupVersionKind{}, fmt.Errorf("the kind of %s: %w", gr, kerr)
 		}
 		api.Kind = gvk.Kind
 		if mapping, err = c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
-			return err
+			return schema.GroupVersionKind{}, err
 		}
 	}
 	resources, err := c.migrator.Discovery.ServerResourcesForGroupVersion(mapping.Resource.GroupVersion().String())
 	if err != nil {
-		return fmt.Errorf("discovery of %s: %w", mapping.Resource.GroupVersion(), err)
+		return schema.GroupVersionKind{}, fmt.Errorf("discovery of %s: %w", mapping.Resource.GroupVersion(), err)
 	}
 	for _, r := range resources.APIResources {
 		if r.Name == gr.Resource {
 			api.StorageVersionHash = r.StorageVersionHash
 		}
 	}
-	return nil
+	return mapping.GroupVersionKind, nil
 }
 
 // storedResources are the resources --all covers: every one discovery shows
@@ -428,7 +517,7 @@ func printVerify(w io.Writer, out verifyOutput) {
 		if !*out.Match {
 			verdict = "MISMATCH"
 		}
-		fmt.Fprintf(w, "\n%s: %s\n", expectation(verify.Expectations{Version: out.Expect.Version, Key: out.Expect.Key}), verdict)
+		fmt.Fprintf(w, "\n%s: %s\n", expectation(verify.Expectations{Version: out.Expect.Version, Key: verify.KeyWant{Given: out.Expect.Key}}), verdict)
 	}
 }
 

@@ -139,7 +139,7 @@ func TestVerifyCRDVersions(t *testing.T) {
 	// objects are stored at v1beta1.
 	setStoredVersions(t, resource, "v1")
 	stdout, _, code = verifyOn(t, env, resource)
-	if code != 0 || !strings.Contains(stdout, "danger: status.storedVersions no longer lists v1beta1 but etcd holds 40 objects at it: put it back before removing the version") {
+	if code != cli.ExitDanger || !strings.Contains(stdout, "danger: status.storedVersions no longer lists v1beta1 but etcd holds 40 objects at it: put it back before removing the version") {
 		t.Errorf("after an early prune, exit %d:\n%s", code, stdout)
 	}
 	setStoredVersions(t, resource, "v1beta1", "v1")
@@ -323,7 +323,7 @@ func TestVerifySecretsKeyRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, code := verifyParsed(t, cp, "secrets", "--expect-key", "key1")
+	out, code := verifyParsed(t, cp, "secrets", "--expect-key", "aescbc:key1")
 	if code != 0 || counts(out.Resources[0].Etcd.Keys)["aescbc:key1"] < n {
 		t.Fatalf("before the rotation: exit %d, keys %v", code, counts(out.Resources[0].Etcd.Keys))
 	}
@@ -333,8 +333,13 @@ func TestVerifySecretsKeyRotation(t *testing.T) {
 	if _, _, err := cp.RestartAPIServer(t.Context(), 0); err != nil {
 		t.Fatal(err)
 	}
-	stdout, _, code := verifyOn(t, cp, "secrets", "--expect-key", "key2")
-	if code != cli.ExitMismatch || !regexp.MustCompile(`MISMATCH: \d+ objects not stored under key key2 \(vault/s-000, `).MatchString(stdout) {
+	// A key's name alone is no key: refused, with the keys so named.
+	stdout, stderr, code := verifyOn(t, cp, "secrets", "--expect-key", "key1")
+	if code != 1 || !regexp.MustCompile(`error: --expect-key key1 is read as a KMS v2 key ID, and no object is under that key ID, but etcd holds \d+ objects under aescbc:key1: name a key with its provider`).MatchString(stderr) {
+		t.Errorf("--expect-key key1: exit %d, want 1 naming aescbc:key1:\n%s", code, stderr)
+	}
+	stdout, _, code = verifyOn(t, cp, "secrets", "--expect-key", "aescbc:key2")
+	if code != cli.ExitMismatch || !regexp.MustCompile(`MISMATCH: \d+ objects not stored under key aescbc:key2 \(vault/s-000, `).MatchString(stdout) {
 		t.Errorf("after the rotation, before the migration: exit %d, want %d naming the Secrets under key1:\n%s", code, cli.ExitMismatch, stdout)
 	}
 	if _, _, code := restowOn(t.Context(), t, cp, "run", "secrets"); code != 0 {
@@ -345,7 +350,7 @@ func TestVerifySecretsKeyRotation(t *testing.T) {
 		t.Errorf("after kubectl restow run secrets: exit %d, keys %v", code, counts(out.Resources[0].Etcd.Keys))
 	}
 	// As a user reads it (docs/prove-it.md shows this output).
-	if stdout, _, code := verifyOn(t, cp, "secrets", "--expect-key", "key2"); code != 0 || !strings.Contains(stdout, "--expect-key key2: every object matches") {
+	if stdout, _, code := verifyOn(t, cp, "secrets", "--expect-key", "aescbc:key2"); code != 0 || !strings.Contains(stdout, "--expect-key aescbc:key2: every object matches") {
 		t.Errorf("after kubectl restow run secrets: exit %d:\n%s", code, stdout)
 	}
 }
@@ -379,9 +384,88 @@ func etcdKV(t *testing.T, e *testenv.Env) clientv3.KV {
 	return c.KV
 }
 
+// TestVerifyUnaccounted points verify where the API server does not keep
+// the resource: a prefix that holds nothing, a prefix that holds other keys,
+// and another cluster's etcd (as a resource in --etcd-servers-overrides
+// would be). Each read finds fewer objects than the API lists, and none
+// says "ok".
+func TestVerifyUnaccounted(t *testing.T) {
+	fx := testenv.Fixture{Env: env, Group: "unaccounted.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	fx.CreateObjects(t, "v1beta1", 3, plain, "unaccounted")
+	fx.SwitchStorage(t, "v1")
+	resource := fx.CRDName()
+
+	stdout, stderr, code := verifyOn(t, env, resource, "--expect-version", "v1", "--etcd-prefix", "/kubernetes.io")
+	if code != cli.ExitUnaccounted || !strings.Contains(stderr, "holds no key under /kubernetes.io/: that is not where this API server stores anything. Give --etcd-prefix the API server's --etcd-prefix") ||
+		strings.Contains(stdout, "ok") {
+		t.Errorf("a prefix that holds nothing: exit %d, want %d:\n%s%s", code, cli.ExitUnaccounted, stdout, stderr)
+	}
+	// Keys, but not this resource's: its objects are not under this prefix.
+	stdout, stderr, code = verifyOn(t, env, resource, "--etcd-prefix", "/registry/apiextensions.k8s.io")
+	if code != cli.ExitUnaccounted || !strings.Contains(stdout, "unaccounted: etcd holds 0 keys under /registry/apiextensions.k8s.io/unaccounted.restow.dev/widgets/ at revision ") ||
+		!strings.Contains(stdout, "but the API lists 3 objects at that revision: this read does not see them all. Check --etcd-prefix") || strings.Contains(stdout, "ok:") {
+		t.Errorf("a prefix without the resource: exit %d, want %d:\n%s%s", code, cli.ExitUnaccounted, stdout, stderr)
+	}
+	// Another cluster's etcd, with env's API server.
+	other := testenv.Start(t, testenv.Options{})
+	stdout, stderr, code = restowOn(t.Context(), t, env, "verify", resource, "--expect-version", "v1", "--etcd-endpoints", other.EtcdURL())
+	if code != cli.ExitUnaccounted || !strings.Contains(stdout, "unaccounted: ") || strings.Contains(stdout, "ok:") ||
+		strings.Contains(stdout, "every object matches") {
+		t.Errorf("another etcd: exit %d, want %d:\n%s%s", code, cli.ExitUnaccounted, stdout, stderr)
+	}
+}
+
+// TestVerifyDangerExits: a danger verdict exits non-zero without --expect-*,
+// and so does an API that cannot list the resource (no version served).
+func TestVerifyDangerExits(t *testing.T) {
+	fx := testenv.Fixture{Env: env, Group: "danger.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	fx.CreateObjects(t, "v1beta1", 2, plain, "danger")
+	fx.SwitchStorage(t, "v1")
+	resource := fx.CRDName()
+	setStoredVersions(t, resource, "v1")
+	stdout, stderr, code := verifyOn(t, env, resource)
+	if code != cli.ExitDanger || !strings.Contains(stdout, "danger: status.storedVersions no longer lists v1beta1 but etcd holds 2 objects at it") {
+		t.Errorf("an early prune: exit %d, want %d:\n%s%s", code, cli.ExitDanger, stdout, stderr)
+	}
+}
+
+// TestVerifyPlantedHeaders writes an object into etcd whose root holds, beside
+// its own apiVersion and kind, fields a header reader could take for them
+// ("apiversion", "APIVERSION", "Kind", a nested kind), each holding the
+// planted value: verify counts it at its own version and prints none of
+// them, in text or JSON.
+func TestVerifyPlantedHeaders(t *testing.T) {
+	fx := testenv.Fixture{Env: env, Group: "headers.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	fx.Install(t, "v1beta1", "v1")
+	fx.SwitchStorage(t, "v1")
+	fx.CreateObjects(t, "v1", 2, plain, "headers")
+	value := fmt.Sprintf(`{"apiVersion":"headers.restow.dev/v1","kind":"Widget","apiversion":%[1]q,"APIVERSION":%[1]q,"Kind":%[1]q,`+
+		`"metadata":{"name":"planted","namespace":"headers","uid":"0d3c1e52-4a4b-4b9e-9a0e-6c1b2f3d4e5f","creationTimestamp":"2026-11-27T00:00:00Z"},"spec":{"kind":%[1]q,"apiVersion":%[1]q}}`, planted)
+	if _, err := etcdKV(t, env).Put(t.Context(), "/registry/headers.restow.dev/widgets/headers/planted", value); err != nil {
+		t.Fatal(err)
+	}
+	out, code := verifyParsed(t, env, fx.CRDName(), "--expect-version", "v1")
+	if got := counts(out.Resources[0].Etcd.Versions); code != 0 || fmt.Sprint(got) != "map[headers.restow.dev/v1:3]" {
+		t.Errorf("exit %d, counted %v, want 3 objects at headers.restow.dev/v1", code, got)
+	}
+	verifyOn(t, env, fx.CRDName())
+	report, err := verify.Scan(t.Context(), etcdKV(t, env), schema.GroupResource{Group: fx.Group, Resource: "widgets"}, true, verify.ScanOptions{Names: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := fmt.Sprintf("%+v %+v", *report, report.Versions); strings.Contains(held, planted) {
+		t.Errorf("the report held in memory: %s", held)
+	}
+}
+
 // TestVerifyEtcdUnreachable: an etcd that does not answer ends verify within
 // --etcd-dial-timeout, with one line that names it.
 func TestVerifyEtcdUnreachable(t *testing.T) {
 	stdout, stderr, code := restowOn(t.Context(), t, env, "verify", "configmaps", "--etcd-endpoints", "127.0.0.1:1", "--etcd-dial-timeout", "1s")
 	assertOneLine(t, stdout, stderr, code, "etcd at 127.0.0.1:1 did not answer a read of /registry/ within 1s")
 }
+
+// plain is an object's spec with nothing in it worth planting.
+func plain(int) map[string]any { return map[string]any{"size": 1} }

@@ -8,13 +8,14 @@ package verify
 
 import (
 	"bytes"
-	"encoding/json"
+	"fmt"
 	"strings"
 
 	"github.com/fxamacker/cbor/v2"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/runtime"
 	kmsapi "k8s.io/apiserver/pkg/storage/value/encrypt/envelope/kmsv2/v2"
+	kjson "sigs.k8s.io/json"
 )
 
 // Encoding is how a stored value is written, as its first bytes say.
@@ -88,6 +89,9 @@ var cborTypeMeta = func() cbor.DecMode {
 	mode, err := cbor.DecOptions{
 		ByteStringToString:  cbor.ByteStringToStringAllowed,
 		FieldNameByteString: cbor.FieldNameByteStringAllowed,
+		// Case-sensitive, as the API server's CBOR decoder: a root field
+		// "apiversion" is not the object's apiVersion.
+		FieldNameMatching: cbor.FieldNameMatchingCaseSensitive,
 	}.DecMode()
 	if err != nil {
 		panic(err)
@@ -123,7 +127,10 @@ func Classify(value []byte) Stored {
 			APIVersion string `json:"apiVersion"`
 			Kind       string `json:"kind"`
 		}
-		if err := json.Unmarshal(value, &meta); err != nil {
+		// Case-sensitive, as the API server decodes: a root field
+		// "apiversion" or "Kind" (kept wherever a schema preserves unknown
+		// fields) is not the object's type.
+		if err := kjson.UnmarshalCaseSensitivePreserveInts(value, &meta); err != nil {
 			return Stored{Encoding: Unknown, Provider: Identity, Problem: "JSON does not decode"}
 		}
 		return typed(JSON, meta.APIVersion, meta.Kind)
@@ -142,8 +149,8 @@ func typed(e Encoding, apiVersion, kind string) Stored {
 // classifyEncrypted reads `k8s:enc:<provider>:<v1|v2>:<name>:` and, for KMS
 // v2, the envelope's key ID. The API server writes the key's name between
 // colons and the cipher's bytes after it, so a name that itself holds a
-// colon ("2026:a") is cut at it: Key and KeyLabel show "2026". MatchesKey
-// compares the whole prefix, so "2026:a" matches; a key named "2026" would
+// colon ("2026:a") is cut at it: Key and KeyLabel show "2026". KeyWant
+// compares the whole prefix, so "aescbc:2026:a" matches; "aescbc:2026" would
 // match such a value too, and nothing in the value tells the two apart.
 func classifyEncrypted(value []byte) Stored {
 	rest := value[len(encryptedMagic):]
@@ -168,34 +175,69 @@ func classifyEncrypted(value []byte) Stored {
 	return s
 }
 
-// providers are the provider names KeyLabel writes before a key's name.
-var providers = map[string]bool{"aescbc": true, "aesgcm": true, "secretbox": true, "kms": true, "kmsv2": true}
+// Provider names as KeyLabel writes them.
+const (
+	// KMSv2 is a KMS v2 provider; its values carry a key ID.
+	KMSv2 = "kmsv2"
+)
 
-// MatchesKey says whether a value classified as s is stored under the key
-// a user named: "identity" (not encrypted), a key or KMS provider name
-// ("key2"), the same with its provider ("aescbc:key2"), or a KMS v2 key ID.
-func MatchesKey(s Stored, value []byte, want string) bool {
-	if want == Identity {
+// providers are the provider names KeyLabel writes before a key's name.
+var providers = map[string]bool{"aescbc": true, "aesgcm": true, "secretbox": true, "kms": true, KMSv2: true}
+
+// KeyWant is the key every object should be stored under (--expect-key):
+// Identity (not encrypted), a provider and a key's name in the encryption
+// configuration (for a KMS provider, its name), or a KMS v2 key ID.
+type KeyWant struct {
+	Identity       bool
+	Provider, Name string
+	KeyID          string
+	// Given is what the user wrote.
+	Given string
+}
+
+func (k KeyWant) empty() bool { return k.Given == "" }
+
+// String is what the user wrote.
+func (k KeyWant) String() string { return k.Given }
+
+// ParseKey reads --expect-key: "identity", "<provider>:<name>" with a
+// provider of KeyLabel's (aescbc:key2, kmsv2:my-plugin), or else a KMS v2 key
+// ID. A key's name alone is not a KeyWant: the same name can stand under
+// several providers, and Judge refuses it when it finds one so named.
+func ParseKey(s string) (KeyWant, error) {
+	switch provider, name, qualified := strings.Cut(s, ":"); {
+	case s == "":
+		return KeyWant{}, nil
+	case s == Identity:
+		return KeyWant{Identity: true, Given: s}, nil
+	case qualified && providers[provider]:
+		if name == "" {
+			return KeyWant{}, fmt.Errorf("--expect-key %q names a provider without a key name", s)
+		}
+		return KeyWant{Provider: provider, Name: name, Given: s}, nil
+	case strings.TrimSpace(s) != s:
+		return KeyWant{}, fmt.Errorf("--expect-key %q has spaces around it", s)
+	default:
+		return KeyWant{KeyID: s, Given: s}, nil
+	}
+}
+
+// matches says whether a value classified as s is stored under the key.
+func (k KeyWant) matches(s Stored, value []byte) bool {
+	switch {
+	case k.Identity:
 		return s.Provider == Identity
-	}
-	if s.Encoding != Encrypted {
+	case s.Encoding != Encrypted:
 		return false
-	}
-	if s.KeyID != "" && s.KeyID == want {
-		return true
-	}
-	provider, name, qualified := strings.Cut(want, ":")
-	if !qualified || !providers[provider] {
-		provider, name = "", want
-	}
-	if provider != "" && provider != s.Provider {
+	case k.KeyID != "":
+		return s.KeyID == k.KeyID
+	case k.Provider != s.Provider:
 		return false
 	}
 	// The whole prefix, so that a name holding a colon matches too.
-	version := "v1"
-	stored := s.Provider
-	if s.Provider == "kmsv2" {
+	version, stored := "v1", s.Provider
+	if s.Provider == KMSv2 {
 		stored, version = "kms", "v2"
 	}
-	return bytes.HasPrefix(value, []byte("k8s:enc:"+stored+":"+version+":"+name+":"))
+	return bytes.HasPrefix(value, []byte("k8s:enc:"+stored+":"+version+":"+k.Name+":"))
 }

@@ -97,7 +97,7 @@ func TestClassify(t *testing.T) {
 		{
 			name: "custom resource as JSON", value: widgetJSON,
 			want:    Stored{Encoding: JSON, APIVersion: "example.com/v1beta1", Kind: "Widget", Provider: Identity},
-			matches: []string{"identity"}, not: "key1",
+			matches: []string{"identity"}, not: "aescbc:key1",
 		},
 		{
 			name: "built-in as protobuf", value: secretProto,
@@ -107,24 +107,30 @@ func TestClassify(t *testing.T) {
 		{
 			name: "custom resource as CBOR", value: widgetCBOR,
 			want:    Stored{Encoding: CBOR, APIVersion: "example.com/v1beta1", Kind: "Widget", Provider: Identity},
-			matches: []string{"identity"}, not: "key1",
+			matches: []string{"identity"}, not: "aescbc:key1",
 		},
 		{
 			name: "aescbc", value: aescbc(t, "key1", secretProto),
 			want:    Stored{Encoding: Encrypted, Provider: "aescbc", Key: "key1"},
-			matches: []string{"key1", "aescbc:key1"}, not: "key2",
+			matches: []string{"aescbc:key1"}, not: "aesgcm:key1",
 		},
 		{
 			name: "aescbc key whose name holds a colon", value: aescbc(t, "2026:a", secretProto),
 			want: Stored{Encoding: Encrypted, Provider: "aescbc", Key: "2026"},
 			// Told apart from a key named 2026 only by the bytes that
 			// follow, which are the cipher's: not at all.
-			matches: []string{"2026:a", "aescbc:2026:a"}, not: "key1",
+			matches: []string{"aescbc:2026:a"}, not: "aescbc:key1",
 		},
 		{
 			name: "KMS v2", value: kmsv2(t, "plugin", "key-id-2", secretProto),
 			want:    Stored{Encoding: Encrypted, Provider: "kmsv2", Key: "plugin", KeyID: "key-id-2"},
-			matches: []string{"plugin", "kmsv2:plugin", "key-id-2"}, not: "key-id-1",
+			matches: []string{"kmsv2:plugin", "key-id-2"}, not: "key-id-1",
+		},
+		{
+			// A bare name is read as a key ID: the provider's name is not one.
+			name: "KMS v2, its provider's name alone", value: kmsv2(t, "plugin", "key-id-2", secretProto),
+			want: Stored{Encoding: Encrypted, Provider: "kmsv2", Key: "plugin", KeyID: "key-id-2"},
+			not:  "plugin",
 		},
 		{
 			name: "KMS v2 envelope that does not decode", value: []byte("k8s:enc:kms:v2:plugin:\xff\xff"),
@@ -153,14 +159,82 @@ func TestClassify(t *testing.T) {
 				t.Errorf("the classification carries the planted value: %#v", got)
 			}
 			for _, key := range tc.matches {
-				if !MatchesKey(got, tc.value, key) {
-					t.Errorf("MatchesKey(%q) = false, want true", key)
+				if !mustParseKey(t, key).matches(got, tc.value) {
+					t.Errorf("--expect-key %s does not match, want a match", key)
 				}
 			}
-			if tc.not != "" && MatchesKey(got, tc.value, tc.not) {
-				t.Errorf("MatchesKey(%q) = true, want false", tc.not)
+			if tc.not != "" && mustParseKey(t, tc.not).matches(got, tc.value) {
+				t.Errorf("--expect-key %s matches, want no match", tc.not)
 			}
 		})
+	}
+}
+
+func mustParseKey(t *testing.T, s string) KeyWant {
+	t.Helper()
+	k, err := ParseKey(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// TestClassifyPlantedHeaders plants values in every root field a header
+// reader could take for the type (another case of apiVersion and kind, a
+// nested kind): the API server decodes case-sensitively, and so does
+// verify, in JSON and CBOR alike.
+func TestClassifyPlantedHeaders(t *testing.T) {
+	obj := map[string]any{
+		"apiVersion": "example.com/v1", "kind": "Widget",
+		"apiversion": planted, "APIVERSION": planted, "ApiVersion": planted, "Kind": planted, "KIND": planted,
+		"metadata": map[string]any{"name": "w", "namespace": "ns"},
+		"spec":     map[string]any{"kind": planted, "apiVersion": planted},
+	}
+	asJSON, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each planted field after the real one it shadows, so that a reader
+	// that lets a later match win would take it.
+	after := []byte(`{"apiVersion":"example.com/v1","kind":"Widget","apiversion":"` + planted + `","APIVERSION":"` + planted +
+		`","Kind":"` + planted + `","KIND":"` + planted + `","metadata":{"name":"w"},"spec":{"kind":"` + planted + `"}}`)
+	asCBOR := encode(t, cbor.NewSerializer(scheme.Scheme, scheme.Scheme), &unstructured.Unstructured{Object: obj})
+	for name, value := range map[string][]byte{"JSON": asJSON, "JSON, planted after": after, "CBOR": asCBOR} {
+		got := Classify(value)
+		if got.APIVersion != "example.com/v1" || got.Kind != "Widget" {
+			t.Errorf("%s: classified as %q %q, want example.com/v1 Widget", name, got.APIVersion, got.Kind)
+		}
+		if strings.Contains(fmt.Sprintf("%#v %s", got, got.KeyLabel()), planted) {
+			t.Errorf("%s: the classification carries the planted value: %#v", name, got)
+		}
+	}
+}
+
+func TestParseKey(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want KeyWant
+		err  string
+	}{
+		{in: "identity", want: KeyWant{Identity: true, Given: "identity"}},
+		{in: "aescbc:key2", want: KeyWant{Provider: "aescbc", Name: "key2", Given: "aescbc:key2"}},
+		{in: "kmsv2:plugin", want: KeyWant{Provider: "kmsv2", Name: "plugin", Given: "kmsv2:plugin"}},
+		{in: "aescbc:2026:a", want: KeyWant{Provider: "aescbc", Name: "2026:a", Given: "aescbc:2026:a"}},
+		{in: "key2", want: KeyWant{KeyID: "key2", Given: "key2"}},
+		{in: "vault:kek:3", want: KeyWant{KeyID: "vault:kek:3", Given: "vault:kek:3"}},
+		{in: "aescbc:", err: `--expect-key "aescbc:" names a provider without a key name`},
+		{in: " key2", err: `--expect-key " key2" has spaces around it`},
+	} {
+		got, err := ParseKey(tc.in)
+		if tc.err != "" {
+			if err == nil || err.Error() != tc.err {
+				t.Errorf("ParseKey(%q) error %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseKey(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
 	}
 }
 

@@ -19,38 +19,70 @@ type Reader interface {
 	Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error)
 }
 
-// Defaults of a scan.
+// Defaults and bounds of a scan.
 const (
-	// DefaultPageSize is the most values one request reads.
-	DefaultPageSize = 10000
+	// MaxPageBytes bounds the values one request can return, whatever the
+	// order of their sizes: a page holds at most MaxPageBytes /
+	// ScanOptions.MaxValueBytes values, so even a page of the largest
+	// values etcd accepts stays within it.
+	MaxPageBytes = 48 << 20
+	// DefaultMaxValueBytes is the largest value etcd accepts by default:
+	// its --max-request-bytes, 1.5 MiB. A value is written in one request,
+	// so none is larger.
+	DefaultMaxValueBytes = 3 << 19
+	// DefaultPageSize is the most values one request reads: MaxPageBytes
+	// of values of DefaultMaxValueBytes each.
+	DefaultPageSize = MaxPageBytes / DefaultMaxValueBytes
 	// DefaultNames is how many names each count keeps.
 	DefaultNames = 5
-	// firstPage is how many values the first request reads, before the
-	// values' size is known.
-	firstPage = 500
-	// pageBytes is about how many bytes of values a page holds: each page's
-	// size follows the last one's average value, so that pages of small
-	// objects are large (etcd counts every key left in the range on every
-	// request, which makes many small pages slow over a large resource)
-	// and pages of large objects small (memory holds one page).
-	pageBytes = 8 << 20
+	// keyPage is how many keys, without their values, one request lists.
+	// etcd counts every key left in the range on each request, so the
+	// keys are listed in large pages and the values read in small ranges
+	// between listed keys, whose count is the range alone.
+	keyPage = 10000
 )
 
 // ScanOptions bound a scan.
 type ScanOptions struct {
 	// Prefix is kube-apiserver's --etcd-prefix; DefaultPrefix if empty.
 	Prefix string
-	// PageSize is the most values read per request; DefaultPageSize if 0.
-	// Below it, each request reads about pageBytes of values.
+	// PageSize is the most values read per request; the largest that
+	// keeps a page within MaxPageBytes if 0 or larger.
 	PageSize int64
+	// MaxValueBytes is the largest value etcd accepts (its
+	// --max-request-bytes); DefaultMaxValueBytes if 0.
+	MaxValueBytes int64
 	// Rate is the most objects read per second; 0 for no limit.
 	Rate float64
 	// Names is how many object names each count keeps, for the verdict to
 	// show; 0 keeps none.
 	Names int
-	// ExpectKey, if set, counts the objects not stored under that key (see
-	// MatchesKey) in Report.NotUnderKey.
-	ExpectKey string
+	// ExpectKey, if set, counts the objects not stored under that key in
+	// Report.NotUnderKey (see ParseKey).
+	ExpectKey KeyWant
+	// APICount is the API's count of the resource's objects at an etcd
+	// revision (0: now), ErrRevisionNotInAPI if the API's etcd has no such
+	// revision. The scan asks it at the revision it reads, so that etcd's
+	// count is held against the API's with no tolerance. Without it the
+	// scan is held against nothing, and Judge says so.
+	APICount func(ctx context.Context, revision int64) (int64, error)
+}
+
+// PageValues is the most values a page of a scan with these options holds:
+// PageSize, within MaxPageBytes / MaxValueBytes, at least 1.
+func (o ScanOptions) PageValues() int64 {
+	maxValue := o.MaxValueBytes
+	if maxValue <= 0 {
+		maxValue = DefaultMaxValueBytes
+	}
+	limit := max(1, MaxPageBytes/maxValue)
+	if o.PageSize > 0 {
+		limit = min(limit, o.PageSize)
+	}
+	if o.Rate > 0 {
+		limit = min(limit, max(1, int64(o.Rate)))
+	}
+	return limit
 }
 
 // Count is a number of objects and the first of their names
@@ -77,6 +109,18 @@ type Report struct {
 	Revision int64 `json:"revision"`
 	Snapshot bool  `json:"snapshot"`
 	Objects  int   `json:"objects"`
+	// KeysAtRevision is how many keys etcd held under KeyPrefix at
+	// Revision; APIObjects how many objects the API listed at the same
+	// revision, or nil with APIError if it could not list them.
+	KeysAtRevision int64  `json:"keysAtRevision"`
+	APIObjects     *int64 `json:"apiObjects,omitempty"`
+	APIError       string `json:"apiError,omitempty"`
+	// APIRevisionUnknown says the API could not list at Revision (too new
+	// or compacted for it): its etcd is not the one read.
+	APIRevisionUnknown bool `json:"apiRevisionUnknown,omitempty"`
+	// APIObjectsNow is the API's count now, asked when etcd held no key
+	// at Revision and the API listed none there either.
+	APIObjectsNow *int64 `json:"apiObjectsNow,omitempty"`
 	// Versions counts objects by the apiVersion they are encoded at;
 	// encrypted values count under EncryptedVersion, values that cannot be
 	// classified under UnknownVersion.
@@ -89,6 +133,12 @@ type Report struct {
 	Problems map[string]int `json:"problems,omitempty"`
 	// NotUnderKey counts the objects not stored under ScanOptions.ExpectKey.
 	NotUnderKey *Count `json:"notUnderKey,omitempty"`
+	// expectKey is ScanOptions.ExpectKey; keyIDs count, by KMS v2 key ID,
+	// the objects under the provider it names, and nameOnly, by key, the
+	// objects a key ID given alone would match as a key's name.
+	expectKey KeyWant
+	keyIDs    map[string]int
+	nameOnly  map[string]int
 }
 
 // Labels of Report.Versions for values whose version cannot be read.
@@ -112,76 +162,139 @@ func sortedKeys(m map[string]*Count) []string {
 	return out
 }
 
-// Scan reads every object of a resource from etcd in pages, at one revision
-// where etcd keeps it, and counts them. It first asks etcd for the number of
-// keys alone (no values), then reads values a page at a time, each page
-// dropped before the next: memory holds one page, not the resource.
+// Scan reads every object of a resource from etcd, at one revision where
+// etcd keeps it, and counts them. It first asks etcd for the number of keys
+// alone (no values) and the API for its count at that revision, then lists
+// the keys a large page at a time and reads their values in small ranges
+// between listed keys, each dropped before the next: memory holds one page
+// of keys and at most MaxPageBytes of values, not the resource.
 func Scan(ctx context.Context, etcd Reader, gr schema.GroupResource, crd bool, opts ScanOptions) (*Report, error) {
-	maxPage := opts.PageSize
-	if maxPage <= 0 {
-		maxPage = DefaultPageSize
-	}
+	pageValues := opts.PageValues()
 	var limiter *rate.Limiter
 	if opts.Rate > 0 {
-		maxPage = min(maxPage, max(1, int64(opts.Rate)))
-		limiter = rate.NewLimiter(rate.Limit(opts.Rate), int(maxPage))
+		limiter = rate.NewLimiter(rate.Limit(opts.Rate), int(pageValues))
 	}
-	pageSize := min(maxPage, firstPage)
 	prefix := KeyPrefix(opts.Prefix, gr, crd)
-	end := clientv3.GetPrefixRangeEnd(prefix)
-	r := &Report{
+	s := &scan{etcd: etcd, end: clientv3.GetPrefixRangeEnd(prefix), pageValues: pageValues, limiter: limiter, opts: opts}
+	s.report = &Report{
 		Resource: gr, KeyPrefix: prefix, Snapshot: true,
 		Versions: map[string]*Count{}, Keys: map[string]*Count{}, Encodings: map[Encoding]int{},
+		expectKey: opts.ExpectKey,
 	}
-	if opts.ExpectKey != "" {
-		r.NotUnderKey = &Count{}
+	if !opts.ExpectKey.empty() {
+		s.report.NotUnderKey = &Count{}
 	}
-	first, err := etcd.Get(ctx, prefix, clientv3.WithRange(end), clientv3.WithCountOnly())
+	first, err := etcd.Get(ctx, prefix, clientv3.WithRange(s.end), clientv3.WithCountOnly())
 	if err != nil {
 		return nil, fmt.Errorf("counting keys under %s: %w", prefix, err)
 	}
-	r.Revision = first.Header.Revision
+	r := s.report
+	r.Revision, r.KeysAtRevision = first.Header.Revision, first.Count
+	if opts.APICount != nil {
+		r.holdAgainstAPI(ctx, opts.APICount)
+	}
 	if first.Count == 0 {
 		return r, nil
 	}
 	from := prefix
 	for {
-		if limiter != nil {
-			if err := limiter.WaitN(ctx, int(pageSize)); err != nil {
+		keys, err := s.get(ctx, from, s.end, clientv3.WithLimit(keyPage), clientv3.WithKeysOnly())
+		if err != nil {
+			return nil, err
+		}
+		for i := 0; i < len(keys.Kvs); i += int(pageValues) {
+			chunk := keys.Kvs[i:min(len(keys.Kvs), i+int(pageValues))]
+			last := string(chunk[len(chunk)-1].Key) + "\x00"
+			if err := s.values(ctx, string(chunk[0].Key), last); err != nil {
 				return nil, err
 			}
 		}
-		get := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(pageSize)}
-		if r.Snapshot {
-			get = append(get, clientv3.WithRev(r.Revision))
-		}
-		resp, err := etcd.Get(ctx, from, get...)
-		if errors.Is(err, rpctypes.ErrCompacted) && r.Snapshot {
-			// etcd no longer keeps the revision: go on at the newest one.
-			r.Snapshot = false
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading %s from etcd: %w", prefix, err)
-		}
-		bytes := 0
-		for _, kv := range resp.Kvs {
-			r.count(ObjectName(prefix, string(kv.Key)), kv.Value, opts)
-			bytes += len(kv.Value)
-		}
-		if !resp.More || len(resp.Kvs) == 0 {
+		if !keys.More || len(keys.Kvs) == 0 {
 			return r, nil
 		}
-		pageSize = nextPage(bytes, len(resp.Kvs), maxPage)
+		from = string(keys.Kvs[len(keys.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// ErrRevisionNotInAPI is APICount's error for a revision the API's etcd
+// does not have: a later one than it holds, or one it compacted.
+var ErrRevisionNotInAPI = errors.New("the API's etcd has no such revision")
+
+// holdAgainstAPI asks the API for its count at the report's revision. An
+// empty read is held against the API's count now too: an etcd that is not
+// the API's can be empty at a revision the API's etcd was empty at too.
+func (r *Report) holdAgainstAPI(ctx context.Context, count func(context.Context, int64) (int64, error)) {
+	n, err := count(ctx, r.Revision)
+	switch {
+	case errors.Is(err, ErrRevisionNotInAPI):
+		r.APIRevisionUnknown, r.APIError = true, err.Error()
+		return
+	case err != nil:
+		r.APIError = err.Error()
+		return
+	}
+	r.APIObjects = &n
+	if r.KeysAtRevision == 0 && n == 0 {
+		if now, err := count(ctx, 0); err != nil {
+			r.APIError = err.Error()
+		} else {
+			r.APIObjectsNow = &now
+		}
+	}
+}
+
+// scan is one Scan's reader and state.
+type scan struct {
+	etcd       Reader
+	end        string
+	pageValues int64
+	limiter    *rate.Limiter
+	opts       ScanOptions
+	report     *Report
+}
+
+// values reads and counts the values of the keys in [from, end), at most
+// pageValues a request: the range was listed with at most that many keys,
+// but at a newer revision (after a compaction) more may have come.
+func (s *scan) values(ctx context.Context, from, end string) error {
+	for {
+		if s.limiter != nil {
+			if err := s.limiter.WaitN(ctx, int(s.pageValues)); err != nil {
+				return err
+			}
+		}
+		resp, err := s.get(ctx, from, end, clientv3.WithLimit(s.pageValues))
+		if err != nil {
+			return err
+		}
+		for _, kv := range resp.Kvs {
+			s.report.count(ObjectName(s.report.KeyPrefix, string(kv.Key)), kv.Value, s.opts)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return nil
+		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
 }
 
-// nextPage sizes the next request to about pageBytes of values of the
-// size the last page had, within 1..maxPage.
-func nextPage(bytes, values int, maxPage int64) int64 {
-	average := max(1, bytes/values)
-	return min(maxPage, max(1, int64(pageBytes/average)))
+// get reads [from, end) at the scan's revision while etcd keeps it, and at
+// the newest one after etcd compacted it.
+func (s *scan) get(ctx context.Context, from, end string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	for {
+		get := append([]clientv3.OpOption{clientv3.WithRange(end)}, opts...)
+		if s.report.Snapshot {
+			get = append(get, clientv3.WithRev(s.report.Revision))
+		}
+		resp, err := s.etcd.Get(ctx, from, get...)
+		if errors.Is(err, rpctypes.ErrCompacted) && s.report.Snapshot {
+			s.report.Snapshot = false
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s from etcd: %w", s.report.KeyPrefix, err)
+		}
+		return resp, nil
+	}
 }
 
 // count adds one value to the report: its header's classification and its
@@ -207,8 +320,29 @@ func (r *Report) count(name string, value []byte, opts ScanOptions) {
 	} else {
 		entry(r.Keys, UnknownVersion).add(name, opts.Names)
 	}
-	if r.NotUnderKey != nil && !MatchesKey(s, value, opts.ExpectKey) {
-		r.NotUnderKey.add(name, opts.Names)
+	if r.NotUnderKey != nil {
+		r.expect(s, value, name, opts.Names)
+	}
+}
+
+// expect holds one value against ScanOptions.ExpectKey.
+func (r *Report) expect(s Stored, value []byte, name string, keep int) {
+	want := r.expectKey
+	if !want.matches(s, value) {
+		r.NotUnderKey.add(name, keep)
+		if want.KeyID != "" && s.Encoding == Encrypted && s.Key == want.KeyID {
+			if r.nameOnly == nil {
+				r.nameOnly = map[string]int{}
+			}
+			r.nameOnly[s.KeyLabel()]++
+		}
+		return
+	}
+	if want.Provider == KMSv2 {
+		if r.keyIDs == nil {
+			r.keyIDs = map[string]int{}
+		}
+		r.keyIDs[s.KeyID]++
 	}
 }
 

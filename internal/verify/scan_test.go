@@ -23,6 +23,19 @@ type fakeEtcd struct {
 	revision     int64
 	compactAfter int
 	requests     []clientv3.Op
+	// largest is the most value bytes one answer held.
+	largest int
+}
+
+// valueRequests are the requests that read values.
+func (f *fakeEtcd) valueRequests() []clientv3.Op {
+	var out []clientv3.Op
+	for _, op := range f.requests {
+		if !op.IsCountOnly() && !op.IsKeysOnly() {
+			out = append(out, op)
+		}
+	}
+	return out
 }
 
 func (f *fakeEtcd) Get(_ context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
@@ -45,9 +58,16 @@ func (f *fakeEtcd) Get(_ context.Context, key string, opts ...clientv3.OpOption)
 	if limit := int(op.Limit()); limit > 0 && len(in) > limit {
 		in, resp.More = in[:limit], true
 	}
+	bytes := 0
 	for _, k := range in {
-		resp.Kvs = append(resp.Kvs, &mvccpb.KeyValue{Key: []byte(k), Value: f.values[k]})
+		kv := &mvccpb.KeyValue{Key: []byte(k)}
+		if !op.IsKeysOnly() {
+			kv.Value = f.values[k]
+			bytes += len(kv.Value)
+		}
+		resp.Kvs = append(resp.Kvs, kv)
 	}
+	f.largest = max(f.largest, bytes)
 	return resp, nil
 }
 
@@ -88,6 +108,7 @@ func TestScanPages(t *testing.T) {
 		{name: "pages of 4", opts: ScanOptions{PageSize: 4, Names: 2}, wantPages: 3, wantSnapshot: true},
 		{name: "one page", opts: ScanOptions{Names: 2}, wantPages: 1, wantSnapshot: true},
 		{name: "rate caps the page", opts: ScanOptions{PageSize: 500, Rate: 5, Names: 2}, wantPages: 2, wantSnapshot: true},
+		// The count, the keys, then the first value request fails.
 		{name: "revision compacted mid-scan", opts: ScanOptions{PageSize: 4, Names: 2}, compactAfter: 3, wantPages: 4, wantSnapshot: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,7 +121,7 @@ func TestScanPages(t *testing.T) {
 			if !etcd.requests[0].IsCountOnly() {
 				t.Errorf("the first request reads values: %+v", etcd.requests[0])
 			}
-			pages := etcd.requests[1:]
+			pages := etcd.valueRequests()
 			if len(pages) != tc.wantPages {
 				t.Errorf("%d value requests, want %d", len(pages), tc.wantPages)
 			}
@@ -132,21 +153,40 @@ func TestScanPages(t *testing.T) {
 	}
 }
 
-func TestNextPage(t *testing.T) {
-	for _, tc := range []struct {
-		bytes, values int
-		maxPage       int64
-		want          int64
-	}{
-		{bytes: 500 << 10, values: 500, maxPage: 10000, want: 8192},            // 1 KiB objects
-		{bytes: 500 << 20, values: 500, maxPage: 10000, want: 8},               // 1 MiB objects
-		{bytes: 3 << 20, values: 1, maxPage: 10000, want: 2},                   // one object larger than a page
-		{bytes: 20 << 20, values: 1, maxPage: 10000, want: 1},                  // never below 1
-		{bytes: 100, values: 100, maxPage: 700, want: 700},                     // the flag's limit
-		{bytes: 0, values: 3, maxPage: DefaultPageSize, want: DefaultPageSize}, // empty values
-	} {
-		if got := nextPage(tc.bytes, tc.values, tc.maxPage); got != tc.want {
-			t.Errorf("nextPage(%d bytes, %d values, max %d) = %d, want %d", tc.bytes, tc.values, tc.maxPage, got, tc.want)
+// TestScanPageBytes reads small values first and values of 1 MiB after
+// them: no answer holds more than MaxPageBytes of values, whatever sizes
+// came before, and no request asks for more values than PageValues.
+func TestScanPageBytes(t *testing.T) {
+	gr := schema.GroupResource{Group: "example.com", Resource: "widgets"}
+	prefix := KeyPrefix("", gr, true)
+	const small, large = 5000, 100
+	etcd := newFakeEtcd(prefix, small+large, func(i int) []byte {
+		size := 300
+		if i >= small {
+			size = 1 << 20
 		}
+		return append([]byte(`{"apiVersion":"example.com/v1","kind":"Widget","spec":"`), bytes.Repeat([]byte("x"), size)...)
+	})
+	for _, opts := range []ScanOptions{{}, {PageSize: 10000}, {MaxValueBytes: 8 << 20}} {
+		etcd.requests, etcd.largest = nil, 0
+		r, err := Scan(context.Background(), etcd, gr, true, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Objects != small+large {
+			t.Errorf("%+v: counted %d objects, want %d", opts, r.Objects, small+large)
+		}
+		if etcd.largest > MaxPageBytes {
+			t.Errorf("%+v: one answer held %d MiB of values, more than the bound of %d MiB", opts, etcd.largest>>20, MaxPageBytes>>20)
+		}
+		for _, op := range etcd.valueRequests() {
+			if op.Limit() <= 0 || op.Limit() > opts.PageValues() {
+				t.Fatalf("%+v: a value request with limit %d, want 1..%d", opts, op.Limit(), opts.PageValues())
+			}
+		}
+		t.Logf("%+v: %d values a page, %d requests, the largest answer %.1f MiB", opts, opts.PageValues(), len(etcd.requests), float64(etcd.largest)/(1<<20))
+	}
+	if got := (ScanOptions{}).PageValues(); got != 32 {
+		t.Errorf("default page: %d values, want 32 (48 MiB of 1.5 MiB values)", got)
 	}
 }

@@ -42,6 +42,9 @@ const (
 	Danger Severity = "danger"
 	// CannotTell means etcd holds values whose version cannot be read.
 	CannotTell Severity = "cannot-tell"
+	// Unaccounted means etcd's read does not hold every object the API
+	// lists: what it counted proves nothing.
+	Unaccounted Severity = "unaccounted"
 )
 
 // Finding is one sentence of a verdict.
@@ -54,8 +57,8 @@ type Finding struct {
 type Expectations struct {
 	// Version every object must be stored at ("v1" or "group/v1").
 	Version string
-	// Key every object must be stored under (see MatchesKey).
-	Key string
+	// Key every object must be stored under.
+	Key KeyWant
 }
 
 // Judgement is the verdict on one resource.
@@ -64,12 +67,21 @@ type Judgement struct {
 	// Mismatches say how etcd differs from the expectations; none means
 	// the gate passes.
 	Mismatches []string `json:"mismatches,omitempty"`
+	// Refused says why --expect-key cannot be held as given: a key's name
+	// without its provider.
+	Refused string `json:"refused,omitempty"`
 }
 
 // Judge compares what etcd holds with what the API says, and with what the
 // user expects. It is pure: the report and the view are all it reads.
+// Nothing is judged of a read that does not hold every object the API
+// lists: it says so, and what to check, and nothing else.
 func Judge(r *Report, api APIView, want Expectations) Judgement {
 	var j Judgement
+	if !j.accounted(r) {
+		j.Mismatches = append(j.Mismatches, "etcd's read does not hold every object the API lists: nothing is proven")
+		return j
+	}
 	unreadable := r.objectsAt(EncryptedVersion) + r.objectsAt(UnknownVersion)
 	if unreadable > 0 {
 		consequence := ""
@@ -84,9 +96,7 @@ func Judge(r *Report, api APIView, want Expectations) Judgement {
 		j.judgeBuiltIn(r, api)
 	}
 	if r.NotUnderKey != nil {
-		if n := r.NotUnderKey.Objects; n > 0 {
-			j.Mismatches = append(j.Mismatches, fmt.Sprintf("%s not stored under key %s%s", objects(n), want.Key, names(r.NotUnderKey)))
-		}
+		j.judgeKey(r, want.Key)
 	}
 	if want.Version != "" {
 		apiVersion := want.Version
@@ -100,6 +110,70 @@ func Judge(r *Report, api APIView, want Expectations) Judgement {
 		}
 	}
 	return j
+}
+
+// accounted holds etcd's count against the API's at the same revision. A
+// read that found fewer keys than the API lists objects looked in the wrong
+// place (another prefix, another etcd, a key layout verify does not know);
+// an API that could not list the resource may no longer read what etcd
+// holds.
+func (j *Judgement) accounted(r *Report) bool {
+	switch {
+	case r.APIRevisionUnknown:
+		j.add(Unaccounted, "the API could not list this resource at revision %d, the revision this read of etcd was at (%s): the API server keeps it in another etcd. Check --etcd-endpoints (a resource in the API server's --etcd-servers-overrides is kept in another etcd)",
+			r.Revision, r.APIError)
+		return false
+	case r.APIError != "":
+		j.add(Danger, "the API could not list this resource at etcd's revision %d (%s), while etcd holds %s under %s: if no version the API serves can read them, they are lost to the API; serve a version they are stored at, and check that --etcd-endpoints is the etcd the API server keeps this resource in",
+			r.Revision, r.APIError, objects(int(r.KeysAtRevision)), r.KeyPrefix)
+		return false
+	case r.APIObjects == nil:
+		j.add(Unaccounted, "etcd's count under %s was held against no count of the API's: nothing is proven", r.KeyPrefix)
+		return false
+	case r.KeysAtRevision < *r.APIObjects:
+		j.add(Unaccounted, "etcd holds %d keys under %s at revision %d, but the API lists %s at that revision: this read does not see them all. Check --etcd-prefix (the API server's --etcd-prefix), --etcd-endpoints (a resource in the API server's --etcd-servers-overrides is kept in another etcd) and that this is the etcd of this cluster",
+			r.KeysAtRevision, r.KeyPrefix, r.Revision, objects(int(*r.APIObjects)))
+		return false
+	case r.APIObjectsNow != nil && *r.APIObjectsNow > 0:
+		j.add(Unaccounted, "etcd holds no key under %s at revision %d, but the API lists %s now: this read may not see them. Check --etcd-prefix and --etcd-endpoints, and run verify again if they were created since",
+			r.KeyPrefix, r.Revision, objects(int(*r.APIObjectsNow)))
+		return false
+	case r.KeysAtRevision > *r.APIObjects:
+		j.add(CannotTell, "etcd holds %d keys under %s at revision %d, the API lists %s at that revision: etcd holds keys the API does not show", r.KeysAtRevision, r.KeyPrefix, r.Revision, objects(int(*r.APIObjects)))
+	}
+	return true
+}
+
+// judgeKey holds the objects against --expect-key. A key named ambiguously
+// is no match: a KMS v2 provider whose objects are under several key IDs,
+// or a key ID that no object has but a key's name some do.
+func (j *Judgement) judgeKey(r *Report, want KeyWant) {
+	if len(r.nameOnly) > 0 && r.NotUnderKey.Objects == r.Objects {
+		var forms []string
+		for label, n := range r.nameOnly {
+			forms = append(forms, fmt.Sprintf("%s under %s", objects(n), label))
+		}
+		slices.Sort(forms)
+		j.Refused = fmt.Sprintf("--expect-key %s is read as a KMS v2 key ID, and no object is under that key ID, but etcd holds %s: name a key with its provider", want, strings.Join(forms, " and "))
+		j.Mismatches = append(j.Mismatches, j.Refused)
+	}
+	if n := r.NotUnderKey.Objects; n > 0 {
+		j.Mismatches = append(j.Mismatches, fmt.Sprintf("%s not stored under key %s%s", objects(n), want, names(r.NotUnderKey)))
+	}
+	if len(r.keyIDs) > 1 {
+		ids := make([]string, 0, len(r.keyIDs))
+		for id, n := range r.keyIDs {
+			ids = append(ids, fmt.Sprintf("%s %d", id, n))
+		}
+		slices.Sort(ids)
+		j.Mismatches = append(j.Mismatches, fmt.Sprintf("the objects under %s are under %d KMS v2 key IDs (%s): a rotation is not finished; give the key ID to gate on it", want, len(ids), strings.Join(ids, ", ")))
+	}
+}
+
+// Unaccounted says whether the read did not hold every object the API
+// lists.
+func (j Judgement) Unaccounted() bool {
+	return slices.ContainsFunc(j.Findings, func(f Finding) bool { return f.Severity == Unaccounted })
 }
 
 func (j *Judgement) add(s Severity, format string, args ...any) {

@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/endpoints/discovery"
+	"k8s.io/utils/ptr"
 )
 
 func report(versions map[string]int, keys map[string]int) *Report {
@@ -18,6 +19,15 @@ func report(versions map[string]int, keys map[string]int) *Report {
 	for k, n := range keys {
 		r.Keys[k] = &Count{Objects: n}
 	}
+	r.KeysAtRevision = int64(r.Objects)
+	r.APIObjects = ptr.To(int64(r.Objects))
+	return r
+}
+
+// counted is a report whose etcd and API counts are given.
+func counted(etcd int64, api *int64, apiError string) *Report {
+	r := report(map[string]int{"example.com/v1": int(etcd)}, nil)
+	r.KeysAtRevision, r.APIObjects, r.APIError, r.Revision, r.KeyPrefix = etcd, api, apiError, 7, "/kubernetes.io/example.com/widgets/"
 	return r
 }
 
@@ -105,9 +115,47 @@ func TestJudge(t *testing.T) {
 				r.NotUnderKey = &Count{Objects: 2, Names: []string{"ns/a", "ns/b"}}
 				return r
 			}(),
-			api: APIView{Kind: "Secret", StorageVersionHash: discovery.StorageVersionHash("", "v1", "Secret")}, want: Expectations{Key: "key2"},
+			api: APIView{Kind: "Secret", StorageVersionHash: discovery.StorageVersionHash("", "v1", "Secret")}, want: Expectations{Key: KeyWant{Provider: "aescbc", Name: "key2", Given: "aescbc:key2"}},
 			findings:   []string{"cannot-tell: cannot tell the version of 5 objects (5 encrypted)"},
-			mismatches: []string{"2 objects not stored under key key2 (ns/a, ns/b)"},
+			mismatches: []string{"2 objects not stored under key aescbc:key2 (ns/a, ns/b)"},
+		},
+		{
+			name: "a KMS v2 provider's objects under two key IDs",
+			report: func() *Report {
+				r := report(map[string]int{EncryptedVersion: 5}, nil)
+				r.NotUnderKey, r.keyIDs = &Count{}, map[string]int{"k1": 2, "k2": 3}
+				return r
+			}(),
+			api: APIView{Kind: "Secret", StorageVersionHash: discovery.StorageVersionHash("", "v1", "Secret")}, want: Expectations{Key: KeyWant{Provider: "kmsv2", Name: "p", Given: "kmsv2:p"}},
+			findings:   []string{"cannot-tell: cannot tell the version of 5 objects (5 encrypted)"},
+			mismatches: []string{"the objects under kmsv2:p are under 2 KMS v2 key IDs (k1 2, k2 3): a rotation is not finished; give the key ID to gate on it"},
+		},
+		{
+			name:       "fewer keys in etcd than the API lists",
+			report:     counted(0, ptr.To[int64](3), ""),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: etcd holds 0 keys under /kubernetes.io/example.com/widgets/ at revision 7, but the API lists 3 objects at that revision: this read does not see them all. Check --etcd-prefix"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name:       "no API count",
+			report:     counted(3, nil, ""),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: etcd's count under /kubernetes.io/example.com/widgets/ was held against no count of the API's"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name:       "the API cannot list",
+			report:     counted(3, nil, "the server could not find the requested resource"),
+			api:        widgets("v1beta1", "v1"),
+			findings:   []string{"danger: the API could not list this resource at etcd's revision 7 (the server could not find the requested resource), while etcd holds 3 objects under /kubernetes.io/example.com/widgets/"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name:     "more keys in etcd than the API lists",
+			report:   counted(4, ptr.To[int64](3), ""),
+			api:      widgets("v1"),
+			findings: []string{"cannot-tell: etcd holds 4 keys under /kubernetes.io/example.com/widgets/ at revision 7, the API lists 3 objects", "ok: safe to remove v1beta1", "ok: 4 objects stored at v1"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,6 +179,10 @@ func TestJudge(t *testing.T) {
 			danger := slices.ContainsFunc(tc.findings, func(f string) bool { return strings.HasPrefix(f, "danger") })
 			if got.Failed() != danger {
 				t.Errorf("Failed() = %v, want %v", got.Failed(), danger)
+			}
+			unaccounted := slices.ContainsFunc(tc.findings, func(f string) bool { return strings.HasPrefix(f, "unaccounted") })
+			if got.Unaccounted() != unaccounted {
+				t.Errorf("Unaccounted() = %v, want %v", got.Unaccounted(), unaccounted)
 			}
 		})
 	}
