@@ -17,6 +17,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -369,4 +370,34 @@ func TestSpecChangeMidPassIsActedOn(t *testing.T) {
 	assertHealth(t, sm, kstatus.CurrentStatus)
 	f.assertStored(t, "v1", total)
 	f.assertStoredVersions(t, "v1")
+}
+
+// TestPruningOffSettlesBeforeReady: with pruning off, a CRD whose
+// status.storedVersions still lists the old version can be pruned by hand on
+// the migration's word, so the migration is Ready ("stored at") only after
+// the settle window and the re-check, and never touches storedVersions.
+func TestPruningOffSettlesBeforeReady(t *testing.T) {
+	f := fixture{group: "noprune-settle.controllers.restow.dev", kind: "Widget", plural: "widgets", namespaced: true}
+	f.install(t, "v1beta1", "v1")
+	const total = 50
+	f.createObjects(t, total, "nps")
+	f.switchStorage(t, "v1")
+	switched := time.Now()
+	const window = 5 * time.Second
+	startManagerWith(t, nil, controllers.Options{SettleWindow: window})
+	sm := f.createMigration(t, func(sm *migrationv1alpha1.StorageMigration) { sm.Spec.PruneStoredVersions = ptr.To(false) })
+	sm = waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
+	readyTime := time.Now()
+	f.assertStored(t, "v1", total)
+	f.assertStoredVersions(t, "v1beta1", "v1")
+	c := apimeta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition)
+	if want := fmt.Sprintf("All %d objects are stored at v1", total); c.Message != want {
+		t.Errorf("Ready says %q, want %q", c.Message, want)
+	}
+	if readyTime.Sub(switched) < window {
+		t.Errorf("Ready %s after the switch, within the settle window of %s", readyTime.Sub(switched).Round(time.Millisecond), window)
+	}
+	if got := eventReasons(t, sm.Name); !slices.Contains(got, migrationv1alpha1.SettlingReason) {
+		t.Errorf("events %v: no %s before Ready", got, migrationv1alpha1.SettlingReason)
+	}
 }

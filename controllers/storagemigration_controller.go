@@ -345,8 +345,10 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	if why == "" {
 		msg := fmt.Sprintf("All objects are stored at %s", target.TargetVersion())
 		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c != nil && c.Status == metav1.ConditionTrue &&
-			c.ObservedGeneration == sm.Generation && strings.HasSuffix(c.Message, " stored at "+target.TargetVersion()) {
-			// Keep the last pass's count ("All 200 objects are ...").
+			c.ObservedGeneration == sm.Generation && (strings.HasSuffix(c.Message, " stored at "+target.TargetVersion()) || strings.HasSuffix(c.Message, " rewritten to "+target.TargetVersion())) {
+			// Keep the last pass's count and what it proved ("All 200
+			// objects are stored at ...", or "were rewritten to ..." for a
+			// pass that did not settle).
 			msg = c.Message
 		}
 		out := ready(msg)

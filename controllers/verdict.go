@@ -77,12 +77,28 @@ func judge(target migrator.Target, state runState, now time.Time) verdict {
 			withEvents(stepEvent{corev1.EventTypeWarning, migrationv1alpha1.ObjectsFailedReason, "Migrate", msg}),
 			next: nextStalled, result: "stalled", summary: summary}
 	}
-	msg := fmt.Sprintf("All %d objects are stored at %s", summary.Listed, version)
+	msg := readyMessage(target, state.result, summary.Listed)
 	return verdict{outcome: ready(msg).
 		withEvents(stepEvent{corev1.EventTypeNormal, migrationv1alpha1.SucceededReason, "Migrate",
 			fmt.Sprintf("%s (%d re-encoded, %d already stored, %d changed by others meanwhile, %d rewritten again after the settle window)",
 				msg, summary.Migrated, summary.AlreadyStored, summary.Skipped, summary.Rechecked)}),
 		result: "succeeded", summary: summary}
+}
+
+// readyMessage is what a run that rewrote every object proves. Only a run
+// that settled (the settle window passed and what others wrote within it
+// was rewritten again) knows every object is stored at the target: a write
+// that began on the old storage can land after a pass that did not.
+func readyMessage(target migrator.Target, result migrator.Result, listed int64) string {
+	version := target.TargetVersion()
+	switch {
+	case result.Settled:
+		return fmt.Sprintf("All %d objects are stored at %s", listed, version)
+	case target.Partial():
+		return fmt.Sprintf("All %d objects in the namespace were rewritten to %s", listed, version)
+	default:
+		return fmt.Sprintf("All %d objects were rewritten to %s", listed, version)
+	}
 }
 
 // runUnderWay says what a run that has not ended is doing.
@@ -100,10 +116,10 @@ func runUnderWay(target migrator.Target, p migrator.Progress, status *migrationv
 		return reconciling(migrationv1alpha1.WaitingForStorageVersionReason, migrator.LagMessage(target, p.SwitchedBy))
 	case p.Phase == migrator.PhaseSettling:
 		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf(
-			"All %d objects were rewritten to %s; waiting until %s, the end of the settle window, for writes that began on the old storage, then re-checking what others wrote meanwhile before pruning",
+			"All %d objects were rewritten to %s; waiting until %s, the end of the settle window, for writes that began on the old storage, then re-checking what others wrote meanwhile before pruning or calling them stored",
 			p.Listed, target.TargetVersion(), p.SettleUntil.UTC().Format(time.RFC3339)))
 	case p.Phase == migrator.PhaseRechecking:
-		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf("The settle window is over; rewriting again the objects others wrote within it (%d so far) before pruning", p.Rechecked))
+		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf("The settle window is over; rewriting again the objects others wrote within it (%d so far) before pruning or calling them stored", p.Rechecked))
 	}
 	return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(target.TargetVersion(), status))
 }

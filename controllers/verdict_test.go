@@ -18,7 +18,7 @@ import (
 func TestJudge(t *testing.T) {
 	target := migrator.Target{CRD: &migrator.CRDState{Name: "widgets.example.com", StorageVersion: "v1", ServedVersions: []string{"v1beta1", "v1"}}}
 	done := func(c migrator.Counts, pruned ...string) runState {
-		return runState{done: true, result: migrator.Result{Counts: c, Pruned: pruned, StartTime: time.Unix(0, 0)}}
+		return runState{done: true, result: migrator.Result{Counts: c, Pruned: pruned, Settled: len(pruned) > 0, StartTime: time.Unix(0, 0)}}
 	}
 	failed := func(err error) runState { return runState{done: true, err: err} }
 	tests := []struct {
@@ -52,5 +52,27 @@ func TestJudge(t *testing.T) {
 	}
 	if !errors.Is(tests[1].state.err, storedversions.ErrCRDChanged) {
 		t.Fatal("the table's CRD change is not ErrCRDChanged")
+	}
+}
+
+// TestReadyMessage: "stored at" only for a run that settled; a run that did
+// not (one namespace, nothing left to prune, a built-in resource) says
+// "rewritten".
+func TestReadyMessage(t *testing.T) {
+	crd := migrator.Target{CRD: &migrator.CRDState{Name: "widgets.example.com", StorageVersion: "v1"}}
+	partial := migrator.Target{CRD: crd.CRD, Namespaced: true, Namespace: "a"}
+	for _, tc := range []struct {
+		name    string
+		target  migrator.Target
+		settled bool
+		want    string
+	}{
+		{"settled", crd, true, "All 10 objects are stored at v1"},
+		{"not settled", crd, false, "All 10 objects were rewritten to v1"},
+		{"one namespace", partial, false, "All 10 objects in the namespace were rewritten to v1"},
+	} {
+		if got := readyMessage(tc.target, migrator.Result{Settled: tc.settled}, 10); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

@@ -59,8 +59,8 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 // migrate is Migrate once its CRD is watched.
 func (mg *migration) migrate(ctx context.Context, window *sync.WaitGroup) (Result, error) {
 	target, opts := mg.target, mg.opts
-	// Only a migration that may prune re-checks, and needs the record.
-	mg.recordWrites = target.CRD != nil && opts.Prune && !target.Partial()
+	// Only a migration that settles re-checks, and needs the record.
+	mg.recordWrites = target.CRD != nil && !target.Partial()
 	if mg.progress().Phase == PhaseRewriting {
 		// No answer counts before every API server has switched (lag.go,
 		// switch.go); the report shows until when, and the settle window
@@ -88,12 +88,14 @@ func (mg *migration) migrate(ctx context.Context, window *sync.WaitGroup) (Resul
 		return mg.result(), nil
 	}
 	crd, err := mg.liveCRD(ctx)
-	if err != nil || !opts.Prune || target.Partial() || slices.Equal(crd.Status.StoredVersions, []string{target.CRD.StorageVersion}) {
-		// Nothing to prune: with pruning off restow does not touch
-		// storedVersions, a pass over one namespace proves nothing about
-		// the others, and [target] holds no other version.
+	if err != nil || target.Partial() || slices.Equal(crd.Status.StoredVersions, []string{target.CRD.StorageVersion}) {
+		// Nothing anyone could prune on this pass's word: a pass over one
+		// namespace proves nothing about the others, and [target] holds
+		// no other version. The pass rewrote; it did not settle.
 		return mg.result(), err
 	}
+	// With pruning off too: whoever prunes by hand, or reads a
+	// StorageVersionMigration's Succeeded, acts on what this pass proves.
 	if err := mg.settle(ctx); err != nil {
 		return mg.result(), err
 	}
@@ -103,6 +105,10 @@ func (mg *migration) migrate(ctx context.Context, window *sync.WaitGroup) (Resul
 	}
 	result := mg.result()
 	if result.Failed > 0 {
+		return result, nil
+	}
+	result.Settled = true
+	if !opts.Prune {
 		return result, nil
 	}
 	result.Pruned, err = storedversions.Prune(ctx, mg.m.Client, mg.m.Reader, storedversions.Expected{

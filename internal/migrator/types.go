@@ -240,6 +240,13 @@ type Result struct {
 	Failures []Failure
 	// Pruned are the versions removed from status.storedVersions.
 	Pruned []string
+	// Settled says the settle window passed and what others wrote within
+	// it was rewritten again: only then is every object known to be stored
+	// at the target, rather than rewritten to it. A CRD's migration settles
+	// whenever status.storedVersions lists another version, with or
+	// without pruning, since a user (or a StorageVersionMigration's
+	// reader) may prune it on the word.
+	Settled bool
 	// StartTime is when the migration began (for a resumed one, the first start).
 	StartTime time.Time
 	// EncryptionMoved, for a target with an Encryption state, says how the
