@@ -118,17 +118,31 @@ func checkpoint(status *migrationv1alpha1.StorageMigrationStatus) *migrator.Chec
 }
 
 func statusEncryption(s migrator.EncryptionState) *migrationv1alpha1.EncryptionState {
-	return &migrationv1alpha1.EncryptionState{ConfigHash: s.ConfigHash, KMSKeyIDHashes: s.KMSKeyIDHashes}
+	out := &migrationv1alpha1.EncryptionState{ConfigHash: s.ConfigHash, KMSKeyIDHashes: s.KMSKeyIDHashes}
+	for _, e := range s.Servers {
+		out.Servers = append(out.Servers, migrationv1alpha1.EncryptionServerEpoch{
+			Address: e.Address, ProcessStartMillis: e.ProcessStart, Reloads: e.Reloads, KMSStampedByMillis: e.KMSStampedBy,
+		})
+	}
+	return out
 }
 
 func engineEncryption(s *migrationv1alpha1.EncryptionState) *migrator.EncryptionState {
 	if s == nil {
 		return nil
 	}
-	return &migrator.EncryptionState{ConfigHash: s.ConfigHash, KMSKeyIDHashes: s.KMSKeyIDHashes}
+	out := &migrator.EncryptionState{ConfigHash: s.ConfigHash, KMSKeyIDHashes: s.KMSKeyIDHashes}
+	for _, e := range s.Servers {
+		out.Servers = append(out.Servers, migrator.ServerEpoch{
+			Address: e.Address, ProcessStart: e.ProcessStartMillis, Reloads: e.Reloads, KMSStampedBy: e.KMSStampedByMillis,
+		})
+	}
+	return out
 }
 
 // encryptionRecord records state, by a pass or at first sight.
 func encryptionRecord(state migrator.EncryptionState, by migrationv1alpha1.EncryptionRecordSource) *migrationv1alpha1.EncryptionRecord {
+	// What the objects are under; the servers' epochs belong to a pass.
+	state.Servers = nil
 	return &migrationv1alpha1.EncryptionRecord{EncryptionState: *statusEncryption(state), RecordedBy: by, RecordedAt: metav1.Now()}
 }

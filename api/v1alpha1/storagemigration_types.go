@@ -190,13 +190,48 @@ type EncryptionState struct {
 	ConfigHash string `json:"configHash,omitempty"`
 
 	// kmsKeyIDHashes are, for each KMS v2 provider, "provider=hash" of the
-	// key ID its plugin reported last (apiserver_envelope_encryption_
-	// key_id_hash_status_last_timestamp_seconds), sorted.
+	// key ID its plugin reported last
+	// (apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds),
+	// sorted.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	// +kubebuilder:validation:items:MaxLength=320
 	// +optional
 	KMSKeyIDHashes []string `json:"kmsKeyIDHashes,omitempty"`
+
+	// servers are, in a pass's progress, each API server's epoch when the
+	// pass began: a re-encryption holds only if every server kept its epoch
+	// (no restart, no reload of its encryption configuration, no other KMS
+	// v2 key ID reported) to the pass's end, across resumes too.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Servers []EncryptionServerEpoch `json:"servers,omitempty"`
+}
+
+// EncryptionServerEpoch is one API server's life as its metrics showed it.
+type EncryptionServerEpoch struct {
+	// address is the server's own address (host:port); empty for the one
+	// API server restow reaches through its client configuration.
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	Address string `json:"address,omitempty"`
+
+	// processStartMillis is the server's process_start_time_seconds, in
+	// milliseconds.
+	// +optional
+	ProcessStartMillis int64 `json:"processStartMillis,omitempty"`
+
+	// reloads counts the server's successful automatic reloads of its
+	// encryption configuration
+	// (apiserver_encryption_config_controller_automatic_reloads_total).
+	// +optional
+	Reloads int64 `json:"reloads,omitempty"`
+
+	// kmsStampedByMillis is the latest time, by the server's clock, at which
+	// it recorded a KMS v2 key ID its plugin reported.
+	// +optional
+	KMSStampedByMillis int64 `json:"kmsStampedByMillis,omitempty"`
 }
 
 // EncryptionRecordSource says how an encryption state was recorded.

@@ -41,17 +41,45 @@ import (
 //     plugin's Status reported, with when; the latest per provider is the
 //     key ID the server writes with once it has made a data key for it.
 // Resolve waits (a *WaitError) until every server reports one state, and
-// records it in Target.Encryption; Migrate reads them again at its end and
-// reports, in Result.EncryptionMoved, a state that moved meanwhile, so that
+// records it in Target.Encryption with each server's epoch: when its
+// process started (process_start_time_seconds), how many times it reloaded
+// its encryption configuration
+// (apiserver_encryption_config_controller_automatic_reloads_total), and the
+// latest KMS v2 key-ID stamp it showed. Migrate reads them again at its end
+// and reports, in Result.EncryptionMoved, a state that moved meanwhile, or a
+// server that restarted, reloaded or stamped another key ID since the
+// migration began (the checkpoint keeps the epochs across resumes), so that
 // no one takes the pass for a re-encryption under a state it did not
-// cover. Where restow cannot read every server (servers it counts but has
+// cover: a server rolled back to the old configuration and forward again
+// within the pass shows the same state at both ends, and wrote under the
+// old key between them. Where restow cannot read every server (servers it counts but has
 // no address of, a client configuration that verifies nothing), it does
 // not re-encrypt on its own and says why.
 
 const (
-	configInfoMetric = "apiserver_encryption_config_controller_last_config_info"
-	kmsKeyIDMetric   = "apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds"
+	configInfoMetric   = "apiserver_encryption_config_controller_last_config_info"
+	kmsKeyIDMetric     = "apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds"
+	reloadsMetric      = "apiserver_encryption_config_controller_automatic_reloads_total"
+	processStartMetric = "process_start_time_seconds"
 )
+
+// ServerEpoch is one API server's life as its metrics show it when restow
+// read them. A restart, a reload of the encryption configuration, or a KMS
+// v2 key ID stamped after KMSStampedBy other than the one the state names,
+// begins another: the server may have written under another key since.
+type ServerEpoch struct {
+	// Address is the server's own address; "" for the one server restow
+	// reaches through its client configuration.
+	Address string
+	// ProcessStart is process_start_time_seconds, in milliseconds.
+	ProcessStart int64
+	// Reloads counts the successful automatic reloads of the encryption
+	// configuration.
+	Reloads int64
+	// KMSStampedBy is the latest KMS v2 key-ID stamp the server showed, in
+	// milliseconds of its own clock; 0 without KMS v2.
+	KMSStampedBy int64
+}
 
 // EncryptionState is what an API server encrypts writes with, by its own
 // metrics.
@@ -62,9 +90,13 @@ type EncryptionState struct {
 	// KMSKeyIDHashes are, for each KMS v2 provider, "provider=hash of the
 	// key ID" its plugin reported last, sorted.
 	KMSKeyIDHashes []string
+	// Servers are each server's epoch when the state was read: a pass
+	// holds only if every one kept its epoch to the end.
+	Servers []ServerEpoch
 }
 
-// Equal reports whether s and o are the same state.
+// Equal reports whether s and o are the same state, whatever the servers'
+// epochs.
 func (s EncryptionState) Equal(o EncryptionState) bool {
 	return s.ConfigHash == o.ConfigHash && slices.Equal(s.KMSKeyIDHashes, o.KMSKeyIDHashes)
 }
@@ -90,9 +122,16 @@ func (m *Migrator) reEncrypts(gr schema.GroupResource) bool {
 }
 
 // agreedEncryption reads every API server's metrics and returns the one
-// state they all report, or a *WaitError that says what each reported, or
-// why restow cannot read them all.
+// state they all report, with each one's epoch, or a *WaitError that says
+// what each reported, or why restow cannot read them all.
 func (m *Migrator) agreedEncryption(ctx context.Context, target Target) (EncryptionState, error) {
+	state, _, err := m.readEncryptionStates(ctx, target)
+	return state, err
+}
+
+// readEncryptionStates reads every API server's metrics: the state they
+// agree on, with each one's epoch, and what each showed.
+func (m *Migrator) readEncryptionStates(ctx context.Context, target Target) (EncryptionState, []serverReading, error) {
 	gr := target.Resource.GroupResource()
 	if target.LagWait == 0 {
 		// One API server, by every signal (lag.go: one that publishes no
@@ -100,13 +139,15 @@ func (m *Migrator) agreedEncryption(ctx context.Context, target Target) (Encrypt
 		// way): the one restow talks to.
 		client, err := m.metricsClient("")
 		if err != nil {
-			return EncryptionState{}, &WaitError{Message: fmt.Sprintf("restow cannot read the API server's metrics to learn which encryption configuration it loaded, so it does not re-encrypt %s on its own: %v", gr, err)}
+			return EncryptionState{}, nil, &WaitError{Message: fmt.Sprintf("restow cannot read the API server's metrics to learn which encryption configuration it loaded, so it does not re-encrypt %s on its own: %v", gr, err)}
 		}
-		state, err := readEncryption(ctx, client)
+		reading, err := readEncryption(ctx, client)
 		if err != nil {
-			return EncryptionState{}, &WaitError{Message: fmt.Sprintf("restow cannot read the API server's metrics to learn which encryption configuration it loaded, so it does not re-encrypt %s yet: %s", gr, Message(err))}
+			return EncryptionState{}, nil, &WaitError{Message: fmt.Sprintf("restow cannot read the API server's metrics to learn which encryption configuration it loaded, so it does not re-encrypt %s yet: %s", gr, Message(err))}
 		}
-		return state, nil
+		state := reading.state
+		state.Servers = []ServerEpoch{reading.epoch}
+		return state, []serverReading{reading}, nil
 	}
 	why := target.unseen
 	switch {
@@ -117,24 +158,36 @@ func (m *Migrator) agreedEncryption(ctx context.Context, target Target) (Encrypt
 		why = m.canVerifyServers().Error()
 	}
 	if why != "" {
-		return EncryptionState{}, &WaitError{Message: fmt.Sprintf(
+		return EncryptionState{}, nil, &WaitError{Message: fmt.Sprintf(
 			"restow cannot read each API server's metrics (%s), so it cannot know that every one encrypts with the new key, and does not re-encrypt %s on its own; once every server has loaded the configuration, kubectl restow migrate %s re-encrypts by hand",
 			why, gr, gr)}
 	}
-	states := make([]EncryptionState, len(target.APIServerAddresses))
+	readings := make([]serverReading, len(target.APIServerAddresses))
 	errs := make([]error, len(target.APIServerAddresses))
 	var wg sync.WaitGroup
 	for i, address := range target.APIServerAddresses {
 		wg.Go(func() {
 			client, err := m.metricsClient(address)
 			if err == nil {
-				states[i], err = readEncryption(ctx, client)
+				readings[i], err = readEncryption(ctx, client)
+				readings[i].epoch.Address = address
 			}
 			errs[i] = err
 		})
 	}
 	wg.Wait()
-	return agree(gr, target.APIServerAddresses, states, errs)
+	states := make([]EncryptionState, len(readings))
+	for i := range readings {
+		states[i] = readings[i].state
+	}
+	state, err := agree(gr, target.APIServerAddresses, states, errs)
+	if err != nil {
+		return EncryptionState{}, nil, err
+	}
+	for _, r := range readings {
+		state.Servers = append(state.Servers, r.epoch)
+	}
+	return state, readings, nil
 }
 
 // agree returns the one state every server reported, or a *WaitError that
@@ -186,51 +239,71 @@ func (m *Migrator) metricsClient(address string) (rest.Interface, error) {
 	return dc.RESTClient(), nil
 }
 
+// serverReading is what one API server's metrics say: the state it
+// encrypts with, its epoch, and when each KMS v2 key ID was stamped
+// ("provider=hash" to milliseconds of its clock).
+type serverReading struct {
+	state  EncryptionState
+	epoch  ServerEpoch
+	stamps map[string]int64
+}
+
 // readEncryption reads one API server's metrics and says what it encrypts
 // with. A KMS v2 key ID counts only once the server's health check passes
 // after the metrics were read: kube-apiserver records the key ID a plugin
 // reports before it makes a data key for it, under the probe's lock, and
 // a health check waits for that lock and fails while the server could not
 // make one (it then goes on writing under the old key ID).
-func readEncryption(ctx context.Context, client rest.Interface) (EncryptionState, error) {
+func readEncryption(ctx context.Context, client rest.Interface) (serverReading, error) {
 	raw, err := client.Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
-		return EncryptionState{}, err
+		return serverReading{}, err
 	}
-	state, err := ParseEncryptionMetrics(raw)
-	if err != nil || len(state.KMSKeyIDHashes) == 0 {
-		return state, err
+	reading, err := parseServerMetrics(raw)
+	if err != nil || len(reading.state.KMSKeyIDHashes) == 0 {
+		return reading, err
 	}
 	if body, err := client.Get().AbsPath("/healthz").DoRaw(ctx); err != nil {
-		return EncryptionState{}, fmt.Errorf("its health check fails, so its KMS v2 plugin may not have given it a data key for the key ID it reports, and it may still write under the old one: %s %s", Message(err), strings.TrimSpace(string(body)))
+		return serverReading{}, fmt.Errorf("its health check fails, so its KMS v2 plugin may not have given it a data key for the key ID it reports, and it may still write under the old one: %s %s", Message(err), strings.TrimSpace(string(body)))
 	}
-	return state, nil
+	return reading, nil
 }
 
 // ParseEncryptionMetrics reads what an API server encrypts with from its
-// metrics in the Prometheus text format: only the two families above are
-// parsed, the rest (megabytes on a busy server) is skipped line by line.
+// metrics in the Prometheus text format: only the families restow reads
+// are parsed, the rest (megabytes on a busy server) is skipped line by
+// line.
 func ParseEncryptionMetrics(raw []byte) (EncryptionState, error) {
+	reading, err := parseServerMetrics(raw)
+	return reading.state, err
+}
+
+// readFamilies are the metric families restow reads of an API server.
+var readFamilies = []string{configInfoMetric, kmsKeyIDMetric, reloadsMetric, processStartMetric}
+
+func parseServerMetrics(raw []byte) (serverReading, error) {
 	var kept bytes.Buffer
 	lines := bufio.NewScanner(bytes.NewReader(raw))
 	lines.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	for lines.Scan() {
 		line := lines.Bytes()
 		name := bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("# HELP ")), []byte("# TYPE "))
-		if bytes.HasPrefix(name, []byte(configInfoMetric)) || bytes.HasPrefix(name, []byte(kmsKeyIDMetric)) {
+		if slices.ContainsFunc(readFamilies, func(f string) bool {
+			return bytes.HasPrefix(name, []byte(f)) && len(name) > len(f) && (name[len(f)] == ' ' || name[len(f)] == '{')
+		}) {
 			kept.Write(line)
 			kept.WriteByte('\n')
 		}
 	}
 	if err := lines.Err(); err != nil {
-		return EncryptionState{}, fmt.Errorf("reading metrics: %w", err)
+		return serverReading{}, fmt.Errorf("reading metrics: %w", err)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(&kept)
 	if err != nil {
-		return EncryptionState{}, fmt.Errorf("parsing metrics: %w", err)
+		return serverReading{}, fmt.Errorf("parsing metrics: %w", err)
 	}
-	var state EncryptionState
+	var r serverReading
 	if f := families[configInfoMetric]; f != nil {
 		hashes := map[string]bool{}
 		for _, metric := range f.GetMetric() {
@@ -238,27 +311,43 @@ func ParseEncryptionMetrics(raw []byte) (EncryptionState, error) {
 		}
 		if len(hashes) != 1 {
 			// A server reports the one configuration it loaded last.
-			return EncryptionState{}, fmt.Errorf("%s reports %d configurations", configInfoMetric, len(hashes))
+			return serverReading{}, fmt.Errorf("%s reports %d configurations", configInfoMetric, len(hashes))
 		}
 		for h := range hashes {
-			state.ConfigHash = h
+			r.state.ConfigHash = h
 		}
 	}
 	if f := families[kmsKeyIDMetric]; f != nil {
 		latest := map[string]*dto.Metric{}
+		r.stamps = map[string]int64{}
 		for _, metric := range f.GetMetric() {
 			provider := label(metric, "provider_name")
 			if last := latest[provider]; last == nil || metric.GetGauge().GetValue() > last.GetGauge().GetValue() {
 				latest[provider] = metric
 			}
+			stamp := millis(metric.GetGauge().GetValue())
+			r.stamps[provider+"="+label(metric, "key_id_hash")] = stamp
+			r.epoch.KMSStampedBy = max(r.epoch.KMSStampedBy, stamp)
 		}
 		for provider, metric := range latest {
-			state.KMSKeyIDHashes = append(state.KMSKeyIDHashes, provider+"="+label(metric, "key_id_hash"))
+			r.state.KMSKeyIDHashes = append(r.state.KMSKeyIDHashes, provider+"="+label(metric, "key_id_hash"))
 		}
-		slices.Sort(state.KMSKeyIDHashes)
+		slices.Sort(r.state.KMSKeyIDHashes)
 	}
-	return state, nil
+	if f := families[reloadsMetric]; f != nil {
+		for _, metric := range f.GetMetric() {
+			if label(metric, "status") == "success" {
+				r.epoch.Reloads += int64(metric.GetCounter().GetValue())
+			}
+		}
+	}
+	if f := families[processStartMetric]; f != nil && len(f.GetMetric()) > 0 {
+		r.epoch.ProcessStart = millis(f.GetMetric()[0].GetGauge().GetValue())
+	}
+	return r, nil
 }
+
+func millis(seconds float64) int64 { return int64(seconds * 1000) }
 
 func label(metric *dto.Metric, name string) string {
 	for _, l := range metric.GetLabel() {
@@ -270,9 +359,10 @@ func label(metric *dto.Metric, name string) string {
 }
 
 // encryptionMoved reads every API server's encryption state again at the
-// end of a pass over target and says how it differs from the one the pass
-// began with, or that it could not be read; "" when it is the same.
-func (m *Migrator) encryptionMoved(ctx context.Context, target Target) string {
+// end of a pass over target and says how it differs from began, the one
+// the migration began with (kept in its checkpoint across resumes), or that
+// it could not be read; "" when every server kept one state throughout.
+func (m *Migrator) encryptionMoved(ctx context.Context, target Target, began *EncryptionState) string {
 	// Counted again: a server that joined during the pass may have
 	// written under another key.
 	lagWait, servers, err := m.lagWait(ctx)
@@ -282,12 +372,49 @@ func (m *Migrator) encryptionMoved(ctx context.Context, target Target) string {
 	if lagWait != target.LagWait || servers.unseen != target.unseen || !slices.Equal(servers.addresses, target.APIServerAddresses) {
 		return fmt.Sprintf("the API servers changed during the pass (%s at the start, %s at the end)", target.APIServerSignals, servers.signals)
 	}
-	now, err := m.agreedEncryption(ctx, target)
+	now, readings, err := m.readEncryptionStates(ctx, target)
 	switch {
 	case err != nil:
 		return "at the end of the pass, " + Message(err)
-	case !now.Equal(*target.Encryption):
-		return fmt.Sprintf("the API servers loaded %s during the pass, which began under %s", now, target.Encryption)
+	case began == nil:
+		return "the pass kept no encryption state of its start"
+	case !now.Equal(*began):
+		return fmt.Sprintf("the API servers loaded %s during the pass, which began under %s", now, began)
 	}
-	return ""
+	return epochsMoved(began, readings)
+}
+
+// epochsMoved says which server began another epoch since began was read: a
+// restart, a reload, or another KMS v2 key ID stamped later; "" if none.
+func epochsMoved(began *EncryptionState, readings []serverReading) string {
+	var moved []string
+	for _, r := range readings {
+		who := r.epoch.Address
+		if who == "" {
+			who = "the API server"
+		}
+		i := slices.IndexFunc(began.Servers, func(e ServerEpoch) bool { return e.Address == r.epoch.Address })
+		if i < 0 {
+			moved = append(moved, who+" was not read when the pass began")
+			continue
+		}
+		start := began.Servers[i]
+		if r.epoch.ProcessStart != start.ProcessStart {
+			moved = append(moved, who+" restarted")
+		}
+		if r.epoch.Reloads != start.Reloads {
+			moved = append(moved, fmt.Sprintf("%s reloaded its encryption configuration %d times", who, r.epoch.Reloads-start.Reloads))
+		}
+		for stamped, at := range r.stamps {
+			if at > start.KMSStampedBy && !slices.Contains(began.KMSKeyIDHashes, stamped) {
+				provider, _, _ := strings.Cut(stamped, "=")
+				moved = append(moved, fmt.Sprintf("%s's KMS v2 provider %s reported another key ID", who, provider))
+			}
+		}
+	}
+	if len(moved) == 0 {
+		return ""
+	}
+	slices.Sort(moved)
+	return "during the pass " + strings.Join(slices.Compact(moved), "; ") + ", so it may have written under another key meanwhile, although it reports the same state at both ends"
 }

@@ -24,6 +24,16 @@ apiserver_encryption_config_controller_last_config_info{apiserver_id_hash="sha25
 apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds{apiserver_id_hash="sha256:aa",key_id_hash="sha256:k1",provider_name="testkms"} 1.7962e+09
 apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds{apiserver_id_hash="sha256:aa",key_id_hash="sha256:k2",provider_name="testkms"} 1.7963e+09
 apiserver_envelope_encryption_key_id_hash_status_last_timestamp_seconds{apiserver_id_hash="sha256:aa",key_id_hash="sha256:x",provider_name="other"} 1.7961e+09
+# HELP apiserver_encryption_config_controller_automatic_reloads_total [ALPHA] Total number of reload successes and failures of encryption configuration split by apiserver identity.
+# TYPE apiserver_encryption_config_controller_automatic_reloads_total counter
+apiserver_encryption_config_controller_automatic_reloads_total{apiserver_id_hash="sha256:aa",status="failure"} 1
+apiserver_encryption_config_controller_automatic_reloads_total{apiserver_id_hash="sha256:aa",status="success"} 2
+# HELP process_start_time_seconds [ALPHA] Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.79619e+09
+# HELP process_start_time_seconds_other A family whose name begins with another's.
+# TYPE process_start_time_seconds_other gauge
+process_start_time_seconds_other 7
 # HELP apiserver_envelope_encryption_key_id_hash_total [ALPHA] Number of times a keyID is used split by transformation type, provider, and apiserver identity.
 # TYPE apiserver_envelope_encryption_key_id_hash_total counter
 apiserver_envelope_encryption_key_id_hash_total{apiserver_id_hash="sha256:aa",key_id_hash="sha256:k1",provider_name="testkms",transformation_type="to_storage"} 3
@@ -33,6 +43,13 @@ func TestParseEncryptionMetrics(t *testing.T) {
 	got, err := ParseEncryptionMetrics([]byte(serverMetrics))
 	if err != nil {
 		t.Fatal(err)
+	}
+	reading, err := parseServerMetrics([]byte(serverMetrics))
+	if want := (ServerEpoch{ProcessStart: 1796190000000, Reloads: 2, KMSStampedBy: 1796300000000}); err != nil || reading.epoch != want {
+		t.Errorf("epoch = %+v, %v; want %+v", reading.epoch, err, want)
+	}
+	if len(reading.stamps) != 3 || reading.stamps["testkms=sha256:k1"] != 1796200000000 {
+		t.Errorf("stamps = %v, want the three key IDs' stamps", reading.stamps)
 	}
 	want := EncryptionState{ConfigHash: "sha256:c78b", KMSKeyIDHashes: []string{"other=sha256:x", "testkms=sha256:k2"}}
 	if !got.Equal(want) {
@@ -47,6 +64,42 @@ func TestParseEncryptionMetrics(t *testing.T) {
 	two := serverMetrics + `apiserver_encryption_config_controller_last_config_info{apiserver_id_hash="sha256:bb",hash="sha256:0000"} 1` + "\n"
 	if _, err := ParseEncryptionMetrics([]byte(two)); err == nil {
 		t.Error("two configurations at one address: no error")
+	}
+}
+
+// TestEpochsMoved: a pass holds only if each server kept its epoch: a
+// restart, a reload (to the old configuration and back leaves the same
+// state at both ends), another KMS v2 key ID stamped after the start, or a
+// server not read at the start, each moves it.
+func TestEpochsMoved(t *testing.T) {
+	const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+	began := &EncryptionState{ConfigHash: "sha256:c2", KMSKeyIDHashes: []string{"kms=k2"}, Servers: []ServerEpoch{
+		{Address: a, ProcessStart: 100, Reloads: 3, KMSStampedBy: 5000},
+		{Address: b, ProcessStart: 200, Reloads: 1, KMSStampedBy: 5100},
+	}}
+	same := func() []serverReading {
+		return []serverReading{
+			{epoch: ServerEpoch{Address: a, ProcessStart: 100, Reloads: 3, KMSStampedBy: 65000}, stamps: map[string]int64{"kms=k2": 65000, "kms=k1": 4000}},
+			{epoch: ServerEpoch{Address: b, ProcessStart: 200, Reloads: 1, KMSStampedBy: 65100}, stamps: map[string]int64{"kms=k2": 65100}},
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func([]serverReading) []serverReading
+		want   string
+	}{
+		{"kept, the key ID stamped again each minute", func(r []serverReading) []serverReading { return r }, ""},
+		{"restarted", func(r []serverReading) []serverReading { r[1].epoch.ProcessStart = 300; return r }, b + " restarted"},
+		{"reloaded away and back", func(r []serverReading) []serverReading { r[0].epoch.Reloads = 5; return r }, a + " reloaded its encryption configuration 2 times"},
+		{"another key ID stamped since", func(r []serverReading) []serverReading { r[0].stamps["kms=k1"] = 30000; return r }, a + "'s KMS v2 provider kms reported another key ID"},
+		{"a server not read at the start", func(r []serverReading) []serverReading {
+			return append(r, serverReading{epoch: ServerEpoch{Address: "10.0.0.3:6443"}})
+		}, "10.0.0.3:6443 was not read when the pass began"},
+	} {
+		got := epochsMoved(began, tc.change(same()))
+		if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
 

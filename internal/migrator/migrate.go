@@ -51,7 +51,10 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 		err = cause
 	}
 	if err == nil && target.Encryption != nil {
-		result.EncryptionMoved = mg.m.encryptionMoved(ctx, target)
+		mg.mu.Lock()
+		began := mg.cp.Encryption
+		mg.mu.Unlock()
+		result.EncryptionMoved = mg.m.encryptionMoved(ctx, target, began)
 	}
 	return result, err
 }
