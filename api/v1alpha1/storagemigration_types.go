@@ -423,6 +423,13 @@ type PassProgress struct {
 	// +optional
 	CRDGeneration int64 `json:"crdGeneration,omitempty"`
 
+	// storageVersionHash is, for a resource not served from a CRD, the
+	// storageVersionHash the pass started under: it resumes only under the
+	// same one, since the objects done before were written at it.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	StorageVersionHash string `json:"storageVersionHash,omitempty"`
+
 	// encryption is, for a resource re-encrypted after a key rotation, the
 	// encryption state every API server reported when the pass began: an
 	// interrupted pass resumes only under the same one.

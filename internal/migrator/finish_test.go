@@ -170,3 +170,23 @@ func TestOwnWritesRecordIsBounded(t *testing.T) {
 		t.Error("an object whose write was recorded is re-checked")
 	}
 }
+
+// TestBuiltInCheckpointBoundToItsHash: a built-in resource's checkpoint
+// resumes only under the storageVersionHash it was taken under; one taken
+// under another (an upgrade between the interruption and the resume), or
+// under none (taken before checkpoints carried it), starts over.
+func TestBuiltInCheckpointBoundToItsHash(t *testing.T) {
+	target := Target{Resource: schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "mutatingadmissionpolicies"},
+		StorageVersion: "v1", StorageVersionHash: "new="}
+	cp := NewCheckpoint(target)
+	if cp.StorageVersionHash != "new=" || !cp.Resumes(target) {
+		t.Fatalf("a checkpoint of the same hash: %+v does not resume", cp)
+	}
+	for _, hash := range []string{"old=", ""} {
+		saved := *cp
+		saved.StorageVersionHash = hash
+		if _, resumed, why := ResumeFrom(&saved, target); resumed || why != "starting over: the storageVersionHash changed since the interrupted pass" {
+			t.Errorf("a checkpoint taken under %q resumed %v (%q)", hash, resumed, why)
+		}
+	}
+}

@@ -129,6 +129,10 @@ type Checkpoint struct {
 	TargetVersion string
 	CRDUID        types.UID
 	CRDGeneration int64
+	// StorageVersionHash binds the checkpoint of a resource not served from
+	// a CRD to the storageVersionHash it was taken under: two versions of
+	// one name (an emulated release and the binary's own) differ by it.
+	StorageVersionHash string
 	// Encryption is the target's encryption state when the migration
 	// began: a pass resumes only for the same one, since the objects done
 	// before were written under it.
@@ -162,7 +166,7 @@ func (cp *Checkpoint) Resumes(target Target) bool {
 		return false
 	}
 	if target.CRD == nil {
-		return cp.CRDUID == ""
+		return cp.CRDUID == "" && cp.StorageVersionHash == target.StorageVersionHash
 	}
 	return cp.CRDUID == target.CRD.UID && cp.CRDGeneration == target.CRD.Generation
 }
@@ -182,6 +186,8 @@ func ResumeFrom(saved *Checkpoint, target Target) (cp *Checkpoint, resumed bool,
 	switch {
 	case saved != nil && !saved.waitedFor(target):
 		startOver = "starting over: the interrupted pass waited less for every API server to switch than this control plane needs"
+	case saved != nil && target.CRD == nil && saved.StorageVersionHash != target.StorageVersionHash:
+		startOver = "starting over: the storageVersionHash changed since the interrupted pass"
 	case saved != nil && target.Encryption != nil:
 		startOver = "starting over: the target version or the API servers' encryption state changed since the interrupted pass"
 	case saved != nil:
@@ -204,6 +210,8 @@ func NewCheckpoint(target Target) *Checkpoint {
 	cp := &Checkpoint{Phase: PhaseRewriting, StartTime: time.Now(), LagWait: target.LagWait, TargetVersion: target.TargetVersion()}
 	if target.CRD != nil {
 		cp.CRDUID, cp.CRDGeneration = target.CRD.UID, target.CRD.Generation
+	} else {
+		cp.StorageVersionHash = target.StorageVersionHash
 	}
 	cp.Encryption = target.Encryption
 	return cp
