@@ -192,3 +192,43 @@ func TestReEncryptedRecordsOnlyAStateThatHeld(t *testing.T) {
 		})
 	}
 }
+
+// TestReStoreUnseen: where restow cannot read every API server, a built-in
+// resource's pass does not start because its storage version moved; a pass
+// someone asks for, or one under way, goes on.
+func TestReStoreUnseen(t *testing.T) {
+	const unseen = "2 API servers counted, 1 of them at an address in default/kubernetes's EndpointSlices"
+	moved := migrator.Target{Resource: schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}, StorageVersion: "v1", StorageVersionHash: "new=", ServersUnseen: unseen}
+	atBaseline := migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, Baseline: &migrationv1alpha1.StorageBaseline{StorageVersion: "v1beta1", StorageVersionHash: "old="}}
+	afterPass := migrationv1alpha1.StorageMigrationStatus{ObservedGeneration: 1, LastPass: &migrationv1alpha1.PassSummary{TargetVersion: "v1beta1", StorageVersionHash: "old="}}
+	for _, tc := range []struct {
+		name   string
+		status migrationv1alpha1.StorageMigrationStatus
+		target migrator.Target
+		token  string
+		gen    int64
+		want   bool
+	}{
+		{name: "moved from the baseline", status: atBaseline, target: moved, gen: 1, want: true},
+		{name: "moved since the last pass", status: afterPass, target: moved, gen: 1, want: true},
+		{name: "every server read", status: afterPass, target: func() migrator.Target { t := moved; t.ServersUnseen = ""; return t }(), gen: 1},
+		{name: "not moved", status: afterPass, target: func() migrator.Target { t := moved; t.StorageVersionHash = "old="; return t }(), gen: 1},
+		{name: "asked for: a re-run", status: afterPass, target: moved, gen: 1, token: "now"},
+		{name: "asked for: a new spec", status: afterPass, target: moved, gen: 2},
+		{name: "under way", status: func() migrationv1alpha1.StorageMigrationStatus {
+			s := afterPass
+			s.Progress = &migrationv1alpha1.PassProgress{}
+			return s
+		}(), target: moved, gen: 1},
+		{name: "a first pass of one someone made", status: migrationv1alpha1.StorageMigrationStatus{}, target: moved, gen: 1},
+	} {
+		sm := &migrationv1alpha1.StorageMigration{Status: tc.status}
+		sm.Generation = tc.gen
+		if tc.token != "" {
+			sm.Annotations = map[string]string{migrationv1alpha1.ReRunAnnotation: tc.token}
+		}
+		if got := reStoreUnseen(sm, tc.target); got != tc.want {
+			t.Errorf("%s: reStoreUnseen = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -331,6 +331,15 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
 	}
 	why := migrationNeeded(sm, target)
+	if why != "" && reStoreUnseen(sm, target) {
+		// Nothing shows that every server stores at the new version: no
+		// pass, no hash recorded, until someone asks.
+		out := reconciling(migrationv1alpha1.WaitingForAllAPIServersReason, fmt.Sprintf(
+			"The storage version of %s moved to %s, but restow cannot read every API server's own discovery (%s), so it does not re-store by itself: a rewrite through a server not yet upgraded stores the old version again. Once the upgrade is done on every server (on a managed control plane, when the provider says so), run kubectl restow migrate %s",
+			gr, target.TargetVersion(), target.ServersUnseen, gr))
+		out.status.observedGeneration = set(sm.Generation)
+		return out, r.runs.waiting.When(sm.Name)
+	}
 	if why == "" && target.EncryptionUnknown != "" {
 		// A rotation may be under way: nothing recorded, nothing claimed.
 		out := reconciling(migrationv1alpha1.WaitingForEncryptionConfigReason, target.EncryptionUnknown)
@@ -454,6 +463,20 @@ func migrationNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Tar
 	return ""
 }
 
+// reStoreUnseen says whether a pass of a built-in resource would start only
+// because its storage version moved from the one recorded, while restow
+// cannot read every API server (Target.ServersUnseen). A pass someone asks
+// for (a re-run, a new spec, a first pass of one they made) or one under
+// way goes on: they vouch that the upgrade is done.
+func reStoreUnseen(sm *migrationv1alpha1.StorageMigration, target migrator.Target) bool {
+	if target.CRD != nil || target.ServersUnseen == "" || sm.Status.Progress != nil || reRunRequested(sm) ||
+		sm.Generation != sm.Status.ObservedGeneration {
+		return false
+	}
+	recorded := recordedHash(sm)
+	return recorded != "" && target.StorageVersionHash != "" && recorded != target.StorageVersionHash
+}
+
 // storageMoved says why a StorageMigration that skipped its first pass runs
 // one now: the storage version moved from its baseline. "" while it has
 // not, or when no baseline could be recorded.
@@ -498,7 +521,8 @@ func (r *StorageMigrationReconciler) startRun(ctx context.Context, sm *migration
 		out.status = fields
 		return out
 	}
-	ctrl.LoggerFrom(ctx).Info("Starting a migration", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed)
+	ctrl.LoggerFrom(ctx).Info("Starting a migration", "resource", target.Resource.GroupResource(), "targetVersion", target.TargetVersion(), "reason", why, "resumed", resumed,
+		"apiServers", target.APIServers, "apiServerSignals", target.APIServerSignals)
 	started := stepEvent{corev1.EventTypeNormal, "PassStarted", "Migrate", fmt.Sprintf("Rewriting %s to %s: %s", target.Resource.GroupResource(), target.TargetVersion(), why)}
 	out := reconciling(migrationv1alpha1.ProgressingReason, fmt.Sprintf("Rewriting objects to %s (%s)", target.TargetVersion(), why))
 	if switchedBy := cp.StartTime.Add(cp.LagWait); !resumed && time.Until(switchedBy) > time.Second {

@@ -40,6 +40,15 @@ const (
 	// disagree, or some cannot be read), and nothing else needs a pass.
 	WaitingForEncryptionConfigReason = "WaitingForEncryptionConfig"
 
+	// WaitingForAllAPIServersReason (Reconciling=True, Ready=False): the
+	// storage version of a built-in resource moved, and restow cannot read
+	// every API server's own discovery (several behind one address, as on a
+	// managed control plane), so it does not re-store by itself: nothing
+	// would show that every server stores at the new version. It is
+	// expected there, not a failure; kubectl restow migrate re-stores by
+	// hand once the upgrade is done on every server.
+	WaitingForAllAPIServersReason = "WaitingForAllAPIServers"
+
 	// SettlingReason (Reconciling=True, Ready=False): every object was
 	// rewritten; the pass waits for the settle window to end, then rewrites
 	// again what others wrote within it, before it prunes.

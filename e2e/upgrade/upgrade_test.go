@@ -131,6 +131,60 @@ func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
 	verify(t, cp, "v1")
 }
 
+// TestUpgradeBehindOneAddressWaits: two API servers, of which restow finds
+// the address of one only: the other is reached through the balancer
+// alone, as several servers behind one address of a managed control plane
+// are. After both are upgraded restow rewrites nothing and records no new
+// hash: it says it waits for every API server (a reason that is no alert's)
+// and names the manual path. kubectl restow migrate then re-stores every
+// policy.
+func TestUpgradeBehindOneAddressWaits(t *testing.T) {
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServers: 2, OwnAddresses: true, UnpublishedAPIServer: true,
+		APIServerArgs: map[string]string{"emulated-version": "1.36"}})
+	testenv.WaitProgress(t, "two API servers' Leases, one address", time.Minute, func(ctx context.Context) (bool, string, error) {
+		hostnames, addresses, err := cp.APIServerSignals(ctx)
+		return len(hostnames) == 2 && len(addresses) == 1, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
+	})
+	createPolicies(t, cp)
+	startManager(t, cp)
+	waitBaseline(t, cp, "v1beta1")
+
+	for i := range 2 {
+		if err := cp.RestartOwnAPIServer(t.Context(), i, "emulated-version"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sm := cp.WaitForMigration(t, name, time.Minute, "waiting for every API server", func(sm *migrationv1alpha1.StorageMigration) bool {
+		c := findCondition(sm, migrationv1alpha1.ReconcilingCondition)
+		return c != nil && c.Reason == migrationv1alpha1.WaitingForAllAPIServersReason
+	})
+	c := findCondition(sm, migrationv1alpha1.ReconcilingCondition)
+	t.Logf("After the upgrade: %s: %s", c.Reason, c.Message)
+	if !strings.Contains(c.Message, "run kubectl restow migrate "+name) || !strings.Contains(c.Message, "1 of them at an address") {
+		t.Errorf("the waiting message does not name the manual path and why: %s", c.Message)
+	}
+	// It stays so: no pass, no hash recorded, every policy at v1beta1.
+	hold := time.Now().Add(15 * time.Second)
+	for time.Now().Before(hold) {
+		if err := cp.Client.Get(t.Context(), client.ObjectKey{Name: name}, sm); err != nil {
+			t.Fatal(err)
+		}
+		if sm.Status.LastPass != nil || sm.Status.Progress != nil || sm.Status.Baseline == nil || sm.Status.Baseline.StorageVersion != "v1beta1" {
+			t.Fatalf("restow acted while it could not read every server: lastPass %+v, progress %+v, baseline %+v", sm.Status.LastPass, sm.Status.Progress, sm.Status.Baseline)
+		}
+		assertStored(t, cp, map[string]int{before: n})
+		time.Sleep(time.Second)
+	}
+
+	// The manual path, once the upgrade is done.
+	if _, _, code := scenario.Restow(t, cp, "migrate", name, "--wait", "--timeout", "5m"); code != 0 {
+		t.Fatalf("kubectl restow migrate %s --wait exited %d", name, code)
+	}
+	waitReStored(t, cp)
+	assertStored(t, cp, map[string]int{after: n})
+	verify(t, cp, "v1")
+}
+
 // createPolicies writes n MutatingAdmissionPolicies that mutate nothing
 // anyone creates.
 func createPolicies(t *testing.T, cp *testenv.Env) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -166,6 +167,9 @@ func (m *Migrator) lagWait(ctx context.Context) (time.Duration, census, error) {
 			}
 		}
 	}
+	if remembered := m.counted.note(countAPIServers(all)); remembered.count > 0 {
+		all = append(all, remembered)
+	}
 	servers, unknown := countAPIServers(all)
 	said := make([]string, 0, len(all))
 	for _, s := range all {
@@ -178,6 +182,36 @@ func (m *Migrator) lagWait(ctx context.Context) (time.Duration, census, error) {
 		return bound, c, nil
 	}
 	return 0, c, nil
+}
+
+// countMemory is the most API servers counted within countMemoryWindow: a
+// server that restarts (as each does in a rolling upgrade) takes its
+// identity Lease and its address away for a while, and a count of one
+// then, with no other signal to disagree, would pass for a control plane
+// of one. The last count that showed more stands until the window after
+// it passes.
+type countMemory struct {
+	mu    sync.Mutex
+	count int
+	at    time.Time
+}
+
+// countMemoryWindow is how long a count of API servers is remembered: as
+// long as a migration may wait for a lagging server (DefaultLagLimit).
+const countMemoryWindow = DefaultLagLimit
+
+// note remembers servers (counted now, with why unknown) and returns, as a
+// signal, a larger count seen within the window; none otherwise.
+func (c *countMemory) note(servers int, _ string) apiServerSignal {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if servers >= c.count || now.Sub(c.at) > countMemoryWindow {
+		c.count, c.at = servers, now
+		return apiServerSignal{}
+	}
+	return apiServerSignal{source: "API servers counted within the last " + countMemoryWindow.String(), count: c.count,
+		detail: "at " + c.at.UTC().Format(time.RFC3339)}
 }
 
 // unseen says why restow cannot know that the addresses it has reach every

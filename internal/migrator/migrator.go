@@ -128,6 +128,8 @@ type Migrator struct {
 	ReEncrypt []schema.GroupResource
 	// probes holds a discovery client per API server address.
 	probes sync.Map
+	// counted remembers the most API servers counted lately (lag.go).
+	counted countMemory
 	// crdClient watches the CRDs of migrations (history.go), made from
 	// Config once.
 	crdClientOnce sync.Once
@@ -331,6 +333,14 @@ type Target struct {
 	// API server at APIServerAddresses: it relies on LagWait for those it
 	// cannot see.
 	unseen string
+	// ServersUnseen says, for a resource not served from a CRD on several
+	// API servers (or an unknown number), why restow cannot read every
+	// server's own discovery: behind one address for several, as on a
+	// managed control plane, or with a client configuration that verifies
+	// nothing. No pass starts by itself for a storage version that moved
+	// then, since nothing shows that every server stores at the new one;
+	// "" when restow reads every server, or there is one.
+	ServersUnseen string
 	// Encryption is, for a resource Migrator.ReEncrypt names, what every
 	// API server encrypted writes with when Resolve read their metrics
 	// (encryption.go); nil for any other, and when it is not known.
@@ -461,9 +471,21 @@ func (m *Migrator) resolveBuiltIn(ctx context.Context, target Target) (Target, e
 	}
 	target.LagWait, target.APIServers, target.APIServerSignals = lagWait, servers.servers, servers.signals
 	target.APIServerAddresses, target.unseen = servers.addresses, servers.unseen
-	if lagWait == 0 || len(target.APIServerAddresses) == 0 || !m.verifiesServers() {
-		// No server restow can read at its own address: the first pass
-		// relies on the lag bound, and status says why (switch.go).
+	if lagWait == 0 {
+		return target, nil
+	}
+	target.ServersUnseen = servers.unseen
+	switch {
+	case target.ServersUnseen != "":
+	case len(target.APIServerAddresses) == 0:
+		target.ServersUnseen = "it has the address of none of them"
+	case !m.verifiesServers():
+		target.ServersUnseen = m.canVerifyServers().Error()
+	}
+	if len(target.APIServerAddresses) == 0 || !m.verifiesServers() {
+		// No server restow can read at its own address: a pass someone
+		// asks for relies on the lag bound, and status says why
+		// (switch.go); none starts by itself (ServersUnseen).
 		return target, nil
 	}
 	var said []string
