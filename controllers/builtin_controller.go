@@ -89,6 +89,13 @@ var (
 // read by default, as kube-storage-version-migrator's trigger polls.
 const DefaultBuiltInInterval = 10 * time.Minute
 
+// DefaultEncryptionCheckInterval is how often, by default, the
+// StorageMigration of a resource restow re-encrypts reads every API server's
+// encryption state: a reload there is re-encrypted within about a minute.
+// kube-apiserver itself reads its configuration file for changes every
+// minute, and asks a KMS v2 plugin for its key ID every minute.
+const DefaultEncryptionCheckInterval = 30 * time.Second
+
 // DefaultBuiltInExclude is what --auto-migrate-builtins-exclude leaves alone
 // by default: Events live an hour and are written once.
 var DefaultBuiltInExclude = []string{"events", "events.events.k8s.io"}

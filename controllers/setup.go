@@ -83,6 +83,10 @@ type Options struct {
 	// ReEncrypt); the trigger of built-in resources keeps a StorageMigration
 	// for each, also with AutoMigrateBuiltIns off.
 	ReEncrypt []schema.GroupResource
+	// EncryptionCheckInterval is how often a StorageMigration of a resource
+	// in ReEncrypt reads every API server's encryption state when nothing
+	// else wakes it; zero means DefaultEncryptionCheckInterval.
+	EncryptionCheckInterval time.Duration
 	// UnknownResourceGrace is how long a served StorageVersionMigration of a
 	// resource that does not exist waits before it ends Failed; zero means
 	// a minute, as the in-tree controller waits.

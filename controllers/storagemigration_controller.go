@@ -177,12 +177,30 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	}()
 
 	out, requeueAfter := r.reconcile(ctx, sm)
+	if every := r.encryptionCheck(sm); every > 0 && (requeueAfter == 0 || requeueAfter > every) {
+		// A rotation is seen within this period of the last server's
+		// reload, whatever else wakes the StorageMigration.
+		requeueAfter = every
+	}
 	out.status.storageVersionMigrations = r.standardFor(ctx, sm)
 	r.record(sm, original, out)
 	if settles = out.settles; settles != nil {
 		settles.endRecorded.Store(true)
 	}
 	return ctrl.Result{RequeueAfter: requeueAfter}, nil
+}
+
+// encryptionCheck is how often sm's resource, if restow re-encrypts it,
+// reads every API server's encryption state; 0 for any other.
+func (r *StorageMigrationReconciler) encryptionCheck(sm *migrationv1alpha1.StorageMigration) time.Duration {
+	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
+	if !slices.Contains(r.Options.ReEncrypt, gr) {
+		return 0
+	}
+	if r.Options.EncryptionCheckInterval > 0 {
+		return r.Options.EncryptionCheckInterval
+	}
+	return DefaultEncryptionCheckInterval
 }
 
 // reconcile follows the run of sm, or starts one if the resource needs it,

@@ -193,6 +193,7 @@ func (o *options) validate() (labels.Selector, error) {
 			return nil
 		},
 		func() error { return positive("builtin-discovery-interval", o.builtInInterval, "") },
+		func() error { return positive("reencrypt-check-interval", o.encryptionCheck, "") },
 		func() error {
 			for _, p := range splitList(o.builtInExclude) {
 				if _, err := path.Match(p, ""); err != nil {

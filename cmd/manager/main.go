@@ -64,6 +64,7 @@ type options struct {
 	autoMigrateBuiltIns  bool
 	reEncrypt            string
 	builtInInterval      time.Duration
+	encryptionCheck      time.Duration
 	builtInExclude       string
 	printVersion         bool
 }
@@ -111,6 +112,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.autoMigrateSelector, "auto-migrate-selector", "", `Label selector limiting automatic migration to the CRDs it matches, e.g. "app.kubernetes.io/part-of=shop"; empty selects every CRD.`)
 	fs.DurationVar(&o.stalledRetryMax, "stalled-retry-max", 30*time.Minute, "Longest delay before a Stalled migration is tried again.")
 	fs.BoolVar(&o.autoMigrateBuiltIns, "auto-migrate-builtins", true, "Create a StorageMigration for every built-in resource (served by kube-apiserver itself) that records the storage version the API servers store it at, rewriting nothing, and re-stores its objects once a control-plane upgrade moves that version and every API server stores at the new one.")
+	fs.DurationVar(&o.encryptionCheck, "reencrypt-check-interval", controllers.DefaultEncryptionCheckInterval, "How often each resource named by --reencrypt-resources reads every API server's encryption state (one metrics read per server), so that a key rotation is re-encrypted within about this long after the last server's reload.")
 	fs.DurationVar(&o.builtInInterval, "builtin-discovery-interval", controllers.DefaultBuiltInInterval, "How often the built-in resources' storage versions are read from discovery, besides at start and when an API server's identity Lease in kube-system appears, goes or changes holder; a server restarted in place keeps its Lease, so this period is what sees an in-place upgrade.")
 	fs.StringVar(&o.reEncrypt, "reencrypt-resources", "", `Comma-separated resource.group names of built-in resources ("secrets,configmaps") that restow re-encrypts after an encryption key rotation: once every API server's own metrics report one new encryption configuration (or KMS v2 key ID), their objects are rewritten under it. Needs each server's metrics at an address of its own (or a single API server); empty re-encrypts nothing.`)
 	fs.StringVar(&o.builtInExclude, "auto-migrate-builtins-exclude", strings.Join(controllers.DefaultBuiltInExclude, ","), `Comma-separated resource.group patterns (shell-style, "events" for the core group's, "*.example.io") of built-in resources that --auto-migrate-builtins leaves alone; empty leaves none alone.`)
@@ -265,26 +267,27 @@ func run(args []string, stdout io.Writer) error {
 	}
 	ctx := ctrl.SetupSignalHandler()
 	err = controllers.Setup(ctx, mgr, controllers.Options{
-		Concurrency:         opts.concurrency,
-		MaxPasses:           opts.maxPasses,
-		MaxBuiltInPasses:    opts.maxBuiltInPasses,
-		PageSize:            opts.pageSize,
-		StatusInterval:      opts.statusInterval,
-		SettleWindow:        opts.settleWindow,
-		LagBound:            opts.lagBound,
-		AssumeSeveral:       opts.assumeSeveral,
-		APIServerAddresses:  apiServers,
-		LagLimit:            opts.lagLimit,
-		StalledRetryBase:    opts.stalledRetryBase,
-		StalledRetryMax:     opts.stalledRetryMax,
-		AutoMigrate:         opts.autoMigrate,
-		DeferToStandard:     opts.deferToStandard,
-		ServeStandard:       opts.serveStandard,
-		AutoMigrateSelector: selector,
-		AutoMigrateBuiltIns: opts.autoMigrateBuiltIns,
-		BuiltInInterval:     opts.builtInInterval,
-		BuiltInExclude:      splitList(opts.builtInExclude),
-		ReEncrypt:           reEncryptResources(opts.reEncrypt),
+		Concurrency:             opts.concurrency,
+		MaxPasses:               opts.maxPasses,
+		MaxBuiltInPasses:        opts.maxBuiltInPasses,
+		PageSize:                opts.pageSize,
+		StatusInterval:          opts.statusInterval,
+		SettleWindow:            opts.settleWindow,
+		LagBound:                opts.lagBound,
+		AssumeSeveral:           opts.assumeSeveral,
+		APIServerAddresses:      apiServers,
+		LagLimit:                opts.lagLimit,
+		StalledRetryBase:        opts.stalledRetryBase,
+		StalledRetryMax:         opts.stalledRetryMax,
+		AutoMigrate:             opts.autoMigrate,
+		DeferToStandard:         opts.deferToStandard,
+		ServeStandard:           opts.serveStandard,
+		AutoMigrateSelector:     selector,
+		AutoMigrateBuiltIns:     opts.autoMigrateBuiltIns,
+		BuiltInInterval:         opts.builtInInterval,
+		EncryptionCheckInterval: opts.encryptionCheck,
+		BuiltInExclude:          splitList(opts.builtInExclude),
+		ReEncrypt:               reEncryptResources(opts.reEncrypt),
 	})
 	if err != nil {
 		return err

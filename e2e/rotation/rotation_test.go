@@ -67,7 +67,9 @@ func TestAESCBCKeyRotation(t *testing.T) {
 		"encryption-provider-config": config, "encryption-provider-config-automatic-reload": "true",
 	}})
 	createSecrets(t, cp)
-	startManager(t, cp)
+	// The defaults users run: the built-in discovery interval of 10
+	// minutes, and the encryption check every 30 s.
+	startManager(t, cp, "--builtin-discovery-interval=10m0s")
 	baseline := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, configHash(t, config))
 	if baseline.Status.LastPass != nil {
 		t.Fatalf("a pass ran at first sight: %+v", baseline.Status.LastPass)
@@ -78,8 +80,15 @@ func TestAESCBCKeyRotation(t *testing.T) {
 	before := secretRequests(t, cp)
 	rotated := time.Now()
 	writeConfig(t, config, aescbc("key2", "key1"))
+	reloaded := waitReloaded(t, cp, configHash(t, config))
 	sm := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, configHash(t, config))
 	logPass(t, sm, rotated)
+	if took := sm.Status.LastPass.CompletionTime.Sub(reloaded); took > 90*time.Second {
+		t.Errorf("with the default flags every Secret was re-encrypted %s after the API server's reload, want within 90 s", took.Round(time.Second))
+	} else {
+		t.Logf("With the default flags: every Secret re-encrypted %s after the API server's reload (%s after the file changed)",
+			took.Round(100*time.Millisecond), sm.Status.LastPass.CompletionTime.Sub(rotated).Round(100*time.Millisecond))
+	}
 	logRequests(t, before, secretRequests(t, cp))
 	verifyKey(t, cp, "aescbc:key2", 0)
 
@@ -315,9 +324,32 @@ func createSecrets(t *testing.T, cp *testenv.Env) {
 
 // startManager runs the manager binary re-encrypting Secrets, with every
 // other built-in resource left alone.
-func startManager(t *testing.T, cp *testenv.Env) {
+func startManager(t *testing.T, cp *testenv.Env, args ...string) {
 	t.Helper()
-	scenario.StartBuiltInManager(t, cp, "--auto-migrate-builtins=false", "--reencrypt-resources=secrets")
+	scenario.StartBuiltInManager(t, cp, append([]string{"--auto-migrate-builtins=false", "--reencrypt-resources=secrets"}, args...)...)
+}
+
+// waitReloaded reads the API server's /metrics every half second until it
+// reports the configuration of hash, and returns when: the reload restow
+// waits for. It logs what one read of /metrics costs, as restow makes it
+// once per server every --reencrypt-check-interval.
+func waitReloaded(t *testing.T, cp *testenv.Env, hash string) time.Time {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var size int
+	var took time.Duration
+	want := []byte(`hash="` + hash + `"`)
+	testenv.WaitProgress(t, "the API server's reload of "+hash, 2*time.Minute, func(ctx context.Context) (bool, string, error) {
+		start := time.Now()
+		raw, err := dc.RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+		took, size = time.Since(start), len(raw)
+		return err == nil && bytes.Contains(raw, want), "not yet", nil
+	})
+	t.Logf("The API server reloaded %s; one read of its /metrics: %d bytes in %s", hash, size, took.Round(time.Millisecond))
+	return time.Now()
 }
 
 // waitEncryption waits until the StorageMigration of Secrets records the
