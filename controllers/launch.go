@@ -25,8 +25,14 @@ const (
 	// waitForStorageVersionBase to waitForStorageVersionMax.
 	waitForStorageVersionBase = 100 * time.Millisecond
 	waitForStorageVersionMax  = 5 * time.Second
-	transientRetryDelay       = 5 * time.Second
-	restartDelay              = 100 * time.Millisecond
+	// A StorageMigration that waits for the API servers to agree on their
+	// encryption state, or that cannot read every one of them, resolves
+	// again from waitForServersBase to waitForServersMax: Resolve reads
+	// every server, and behind one address the wait lasts.
+	waitForServersBase  = time.Second
+	waitForServersMax   = 30 * time.Second
+	transientRetryDelay = 5 * time.Second
+	restartDelay        = 100 * time.Millisecond
 )
 
 // resourceIndex indexes StorageMigrations by the CRD name of their resource

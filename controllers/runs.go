@@ -82,6 +82,10 @@ type runs struct {
 	// refused backs off while the API server refuses to store a run's end
 	// in status.
 	waiting, stalled, refused workqueue.TypedRateLimiter[string]
+	// servers backs off while the API servers disagree on their
+	// encryption state, or restow cannot read every one of them: a state
+	// that lasts a reload's minute, or for good behind one address.
+	servers workqueue.TypedRateLimiter[string]
 }
 
 func newRuns(stalledBase, stalledMax time.Duration) *runs {
@@ -91,6 +95,7 @@ func newRuns(stalledBase, stalledMax time.Duration) *runs {
 		waiting: workqueue.NewTypedItemExponentialFailureRateLimiter[string](waitForStorageVersionBase, waitForStorageVersionMax),
 		stalled: workqueue.NewTypedItemExponentialFailureRateLimiter[string](stalledBase, stalledMax),
 		refused: workqueue.NewTypedItemExponentialFailureRateLimiter[string](stalledBase, stalledMax),
+		servers: workqueue.NewTypedItemExponentialFailureRateLimiter[string](waitForServersBase, waitForServersMax),
 	}
 }
 

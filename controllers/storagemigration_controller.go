@@ -349,20 +349,25 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
 	}
 	why := migrationNeeded(sm, target)
-	if why != "" && reStoreUnseen(sm, target) {
+	unseen := why != "" && reStoreUnseen(sm, target)
+	unknown := why == "" && target.EncryptionUnknown != ""
+	if !unseen && !unknown {
+		r.runs.servers.Forget(sm.Name)
+	}
+	if unseen {
 		// Nothing shows that every server stores at the new version: no
 		// pass, no hash recorded, until someone asks.
 		out := reconciling(migrationv1alpha1.WaitingForAllAPIServersReason, fmt.Sprintf(
 			"The storage version of %s moved to %s, but restow cannot read every API server's own discovery (%s), so it does not re-store by itself: a rewrite through a server not yet upgraded stores the old version again. Once the upgrade is done on every server (on a managed control plane, when the provider says so), run kubectl restow migrate %s",
 			gr, target.TargetVersion(), target.ServersUnseen, gr))
 		out.status.observedGeneration = set(sm.Generation)
-		return out, r.runs.waiting.When(sm.Name)
+		return out, r.runs.servers.When(sm.Name)
 	}
-	if why == "" && target.EncryptionUnknown != "" {
+	if unknown {
 		// A rotation may be under way: nothing recorded, nothing claimed.
 		out := reconciling(migrationv1alpha1.WaitingForEncryptionConfigReason, target.EncryptionUnknown)
 		out.status.observedGeneration = set(sm.Generation)
-		return out, r.runs.waiting.When(sm.Name)
+		return out, r.runs.servers.When(sm.Name)
 	}
 	if why == "" && skipsFirstPass(sm, target) {
 		// Still at the baseline: say so, not that every object is known

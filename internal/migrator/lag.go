@@ -167,7 +167,8 @@ func (m *Migrator) lagWait(ctx context.Context) (time.Duration, census, error) {
 			}
 		}
 	}
-	if remembered := m.counted.note(countAPIServers(all)); remembered.count > 0 {
+	counted, _ := countAPIServers(all)
+	if remembered := m.counted.note(counted); remembered.count > 0 {
 		all = append(all, remembered)
 	}
 	servers, unknown := countAPIServers(all)
@@ -200,9 +201,9 @@ type countMemory struct {
 // long as a migration may wait for a lagging server (DefaultLagLimit).
 const countMemoryWindow = DefaultLagLimit
 
-// note remembers servers (counted now, with why unknown) and returns, as a
+// note remembers servers (counted now; 0 when unknown) and returns, as a
 // signal, a larger count seen within the window; none otherwise.
-func (c *countMemory) note(servers int, _ string) apiServerSignal {
+func (c *countMemory) note(servers int) apiServerSignal {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()

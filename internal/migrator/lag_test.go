@@ -123,18 +123,18 @@ func TestSwitchState(t *testing.T) {
 // new count stands alone.
 func TestCountMemory(t *testing.T) {
 	var c countMemory
-	if s := c.note(2, ""); s.count != 0 {
+	if s := c.note(2); s.count != 0 {
 		t.Errorf("first count: remembered %+v, want nothing", s)
 	}
-	if s := c.note(1, ""); s.count != 2 || !strings.Contains(s.String(), "API servers counted within the last 10m0s: 2") {
+	if s := c.note(1); s.count != 2 || !strings.Contains(s.String(), "API servers counted within the last 10m0s: 2") {
 		t.Errorf("a drop to 1: remembered %q, want 2", s)
 	}
-	servers, _ := countAPIServers([]apiServerSignal{{source: "leases", count: 1}, {source: "addresses", count: 1}, c.note(1, "")})
+	servers, _ := countAPIServers([]apiServerSignal{{source: "leases", count: 1}, {source: "addresses", count: 1}, c.note(1)})
 	if servers != 2 {
 		t.Errorf("one Lease and one address after two were counted: %d servers, want 2", servers)
 	}
 	c.at = time.Now().Add(-countMemoryWindow - time.Second)
-	if s := c.note(1, ""); s.count != 0 {
+	if s := c.note(1); s.count != 0 {
 		t.Errorf("after the window: remembered %+v, want nothing", s)
 	}
 }
