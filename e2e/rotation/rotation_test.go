@@ -25,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -138,6 +139,49 @@ func TestKMSv2KeyIDChange(t *testing.T) {
 	logRequests(t, before, secretRequests(t, cp))
 	verifyKey(t, cp, "k2", 0)
 	assertSecretsRead(t, cp)
+}
+
+// TestVerifyKMSv2ProviderName: Secrets under KMS v2 key ID k1; the
+// plugin's key ID becomes k2 and one Secret is written again under it.
+// verify --expect-key kmsv2:testkms, a provider whose objects are now under
+// two key IDs, is a mismatch naming both, not a pass; once kubectl restow
+// run rewrote every Secret, it passes, as does the key ID k2.
+func TestVerifyKMSv2ProviderName(t *testing.T) {
+	plugin, err := kmsplugin.Start("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(plugin.Stop)
+	config := filepath.Join(t.TempDir(), "encryption.yaml")
+	writeConfig(t, config, fmt.Sprintf("  - kms:\n      apiVersion: v2\n      name: testkms\n      endpoint: %s\n      timeout: 5s\n", plugin.Endpoint))
+	cp := testenv.Start(t, testenv.Options{APIServerArgs: map[string]string{"encryption-provider-config": config}})
+	createSecrets(t, cp)
+	verifyKey(t, cp, "kmsv2:testkms", 0)
+
+	// The API server asks the plugin for its key ID at start.
+	plugin.SetKeyID("k2")
+	if _, _, err := cp.RestartAPIServer(t.Context(), 0); err != nil {
+		t.Fatal(err)
+	}
+	rewritten := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s-0000", Namespace: namespace}}
+	testenv.WaitProgress(t, "a Secret written under key ID k2", time.Minute, func(ctx context.Context) (bool, string, error) {
+		patch := client.RawPatch(types.MergePatchType, []byte(fmt.Sprintf(`{"metadata":{"annotations":{"written":"%d"}}}`, time.Now().UnixNano())))
+		if err := cp.Client.Patch(ctx, rewritten, patch); err != nil {
+			return false, err.Error(), nil
+		}
+		out, _, _ := scenario.Restow(t, cp, "verify", name, "--etcd-endpoints", cp.EtcdURL(), "--names", "0")
+		return strings.Contains(out, "(key ID k2) 1"), "not yet", nil
+	})
+	out, _, code := scenario.Restow(t, cp, "verify", name, "--etcd-endpoints", cp.EtcdURL(), "--expect-key", "kmsv2:testkms")
+	if want := fmt.Sprintf("the objects under kmsv2:testkms are under 2 KMS v2 key IDs (k1 %d, k2 1)", n-1); code != cli.ExitMismatch || !strings.Contains(out, want) || strings.Contains(out, planted) {
+		t.Errorf("--expect-key kmsv2:testkms mid-rotation exited %d, want %d saying %q", code, cli.ExitMismatch, want)
+	}
+	verifyKey(t, cp, "k2", cli.ExitMismatch)
+	if _, _, code := scenario.Restow(t, cp, "run", name); code != 0 {
+		t.Fatalf("kubectl restow run %s exited %d", name, code)
+	}
+	verifyKey(t, cp, "kmsv2:testkms", 0)
+	verifyKey(t, cp, "k2", 0)
 }
 
 // TestRotationWaitsForEveryServer: two API servers on addresses of their
