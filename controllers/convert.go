@@ -77,7 +77,7 @@ func statusProgress(p migrator.Progress) *migrationv1alpha1.PassProgress {
 func statusSummary(target migrator.Target, result migrator.Result, completion time.Time) *migrationv1alpha1.PassSummary {
 	summary := &migrationv1alpha1.PassSummary{
 		ObjectCounts: statusCounts(result.Counts), StartTime: metav1.NewTime(result.StartTime), CompletionTime: metav1.NewTime(completion),
-		TargetVersion: target.TargetVersion(), PrunedVersions: result.Pruned,
+		TargetVersion: target.TargetVersion(), PrunedVersions: result.Pruned, Settled: result.Settled,
 	}
 	if target.CRD != nil {
 		summary.ServedVersions = target.CRD.ServedVersions

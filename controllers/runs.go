@@ -200,5 +200,6 @@ func (rs *runs) stop(name string) {
 	rs.mu.Unlock()
 	rs.stalled.Forget(name)
 	rs.waiting.Forget(name)
+	rs.servers.Forget(name)
 	rs.refused.Forget(name)
 }

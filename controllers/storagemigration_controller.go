@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -177,9 +176,9 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	}()
 
 	out, requeueAfter := r.reconcile(ctx, sm)
-	if every := r.encryptionCheck(sm); every > 0 && (requeueAfter == 0 || requeueAfter > every) {
+	if every := r.encryptionCheck(sm); every > 0 && requeueAfter == 0 {
 		// A rotation is seen within this period of the last server's
-		// reload, whatever else wakes the StorageMigration.
+		// reload. A backoff (Stalled, a refused status) is not shortened.
 		requeueAfter = every
 	}
 	out.status.storageVersionMigrations = r.standardFor(ctx, sm)
@@ -375,14 +374,7 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
 	}
 	if why == "" {
-		msg := fmt.Sprintf("All objects are stored at %s", target.TargetVersion())
-		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c != nil && c.Status == metav1.ConditionTrue &&
-			c.ObservedGeneration == sm.Generation && (strings.HasSuffix(c.Message, " stored at "+target.TargetVersion()) || strings.HasSuffix(c.Message, " rewritten to "+target.TargetVersion())) {
-			// Keep the last pass's count and what it proved ("All 200
-			// objects are stored at ...", or "were rewritten to ..." for a
-			// pass that did not settle).
-			msg = c.Message
-		}
+		msg := restingMessage(sm, target)
 		out := ready(msg)
 		out.status.observedGeneration = set(sm.Generation)
 		return withEncryptionBaseline(out, sm, target), 0
@@ -486,13 +478,29 @@ func migrationNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Tar
 	return ""
 }
 
+// restingMessage is Ready's message while no pass is needed: what the last
+// pass proved ("stored at" only if it settled), or, with none on record,
+// what the API says.
+func restingMessage(sm *migrationv1alpha1.StorageMigration, target migrator.Target) string {
+	if p := sm.Status.LastPass; p != nil && p.TargetVersion == target.TargetVersion() {
+		return readyMessage(target, migrator.Result{Settled: p.Settled}, p.Listed)
+	}
+	if target.CRD != nil {
+		return fmt.Sprintf("No pass needed: status.storedVersions lists %s alone", target.TargetVersion())
+	}
+	return fmt.Sprintf("No pass needed: the API servers store at %s", target.TargetVersion())
+}
+
 // reStoreUnseen says whether a pass of a built-in resource would start only
 // because its storage version moved from the one recorded, while restow
 // cannot read every API server (Target.ServersUnseen). A pass someone asks
-// for (a re-run, a new spec, a first pass of one they made) or one under
-// way goes on: they vouch that the upgrade is done.
+// for (a re-run, a new spec, a first pass of one they made), or one that
+// resumes under the hash it began at, goes on: they vouch that the upgrade
+// is done. One interrupted under another hash would start over at the new
+// one: it waits too.
 func reStoreUnseen(sm *migrationv1alpha1.StorageMigration, target migrator.Target) bool {
-	if target.CRD != nil || target.ServersUnseen == "" || sm.Status.Progress != nil || reRunRequested(sm) ||
+	resumes := sm.Status.Progress != nil && sm.Status.Progress.StorageVersionHash == target.StorageVersionHash
+	if target.CRD != nil || target.ServersUnseen == "" || resumes || reRunRequested(sm) ||
 		sm.Generation != sm.Status.ObservedGeneration {
 		return false
 	}

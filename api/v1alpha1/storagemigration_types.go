@@ -462,6 +462,12 @@ type PassSummary struct {
 	// +required
 	CompletionTime metav1.Time `json:"completionTime"`
 
+	// settled is true when the pass waited out the settle window and
+	// rewrote again what others wrote within it: only then is every object
+	// known to be stored at targetVersion, rather than rewritten to it.
+	// +optional
+	Settled bool `json:"settled,omitempty"`
+
 	// targetVersion is the storage version the pass rewrote to.
 	// +kubebuilder:validation:MaxLength=63
 	// +optional

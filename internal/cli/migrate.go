@@ -197,8 +197,14 @@ func printPassSummary(streams genericiooptions.IOStreams, sm *migrationv1alpha1.
 		fmt.Fprintf(streams.Out, "StorageMigration %s is Ready.\n", sm.Name)
 		return
 	}
-	fmt.Fprintf(streams.Out, "StorageMigration %s is Ready: %d objects stored at %s (%d re-encoded, %d already stored, %d changed by others meanwhile, %d rewritten again after the settle window)",
-		sm.Name, last.Listed, last.TargetVersion, last.Migrated, last.AlreadyStored, last.Skipped, last.Rechecked)
+	proved := "stored at"
+	if !last.Settled {
+		// No settle window: a write that began on the old storage may
+		// land after the pass.
+		proved = "rewritten to"
+	}
+	fmt.Fprintf(streams.Out, "StorageMigration %s is Ready: %d objects %s %s (%d re-encoded, %d already stored, %d changed by others meanwhile, %d rewritten again after the settle window)",
+		sm.Name, last.Listed, proved, last.TargetVersion, last.Migrated, last.AlreadyStored, last.Skipped, last.Rechecked)
 	if len(last.PrunedVersions) > 0 {
 		fmt.Fprintf(streams.Out, "; removed %v from status.storedVersions", last.PrunedVersions)
 	}

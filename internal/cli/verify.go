@@ -302,8 +302,8 @@ func tooLargeResourceVersion(err error) bool {
 // revision: a list of one object at exactly that revision, whose remaining
 // item count is the rest. The watch cache may answer that the revision is
 // not yet in its view; it catches up within seconds.
-func (c *clients) apiCount(gvk schema.GroupVersionKind) func(context.Context, int64) (int64, error) {
-	return func(ctx context.Context, revision int64) (int64, error) {
+func (c *clients) apiCount(gvk schema.GroupVersionKind) func(context.Context, int64) (int64, string, error) {
+	return func(ctx context.Context, revision int64) (int64, string, error) {
 		list := &metav1.PartialObjectMetadataList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 		opts := &client.ListOptions{Limit: 1}
@@ -315,17 +315,23 @@ func (c *clients) apiCount(gvk schema.GroupVersionKind) func(context.Context, in
 		})
 		switch {
 		case tooLargeResourceVersion(err) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
-			return 0, fmt.Errorf("%w: listing %s at revision %d: %s", verify.ErrRevisionNotInAPI, gvk.GroupVersion(), revision, apierrors.ReasonForError(err))
+			return 0, "", fmt.Errorf("%w: listing %s at revision %d: %s", verify.ErrRevisionNotInAPI, gvk.GroupVersion(), revision, apierrors.ReasonForError(err))
 		case err != nil:
-			return 0, fmt.Errorf("listing %s: %w", gvk.GroupVersion(), err)
+			return 0, "", fmt.Errorf("listing %s: %w", gvk.GroupVersion(), err)
 		}
-		n := int64(len(list.Items))
+		n, first := int64(len(list.Items)), ""
+		if n > 0 {
+			first = list.Items[0].Name
+			if ns := list.Items[0].Namespace; ns != "" {
+				first = ns + "/" + first
+			}
+		}
 		if list.RemainingItemCount != nil {
 			n += *list.RemainingItemCount
 		} else if list.Continue != "" {
-			return 0, fmt.Errorf("listing %s: the API gave no remaining item count", gvk.GroupVersion())
+			return 0, "", fmt.Errorf("listing %s: the API gave no remaining item count", gvk.GroupVersion())
 		}
-		return n, nil
+		return n, first, nil
 	}
 }
 

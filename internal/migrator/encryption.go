@@ -260,8 +260,14 @@ func readEncryption(ctx context.Context, client rest.Interface) (serverReading, 
 		return serverReading{}, err
 	}
 	reading, err := parseServerMetrics(raw)
-	if err != nil || len(reading.state.KMSKeyIDHashes) == 0 {
-		return reading, err
+	switch {
+	case err != nil:
+		return serverReading{}, err
+	case reading.epoch.ProcessStart == 0:
+		// Without it a restart during a pass goes unseen.
+		return serverReading{}, fmt.Errorf("its metrics have no %s, so restow cannot tell whether it restarts during a pass", processStartMetric)
+	case len(reading.state.KMSKeyIDHashes) == 0:
+		return reading, nil
 	}
 	if body, err := client.Get().AbsPath("/healthz").DoRaw(ctx); err != nil {
 		return serverReading{}, fmt.Errorf("its health check fails, so its KMS v2 plugin may not have given it a data key for the key ID it reports, and it may still write under the old one: %s %s", Message(err), strings.TrimSpace(string(body)))

@@ -197,9 +197,11 @@ type countMemory struct {
 	at    time.Time
 }
 
-// countMemoryWindow is how long a count of API servers is remembered: as
-// long as a migration may wait for a lagging server (DefaultLagLimit).
-const countMemoryWindow = DefaultLagLimit
+// countMemoryWindow is how long a count of API servers is remembered since
+// it was last seen: several times the built-in trigger's default interval,
+// whose reads of every built-in resource count the servers again, so that
+// a quiet cluster's memory has not lapsed when a server restarts.
+const countMemoryWindow = time.Hour
 
 // note remembers servers (counted now; 0 when unknown) and returns, as a
 // signal, a larger count seen within the window; none otherwise.

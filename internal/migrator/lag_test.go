@@ -126,7 +126,7 @@ func TestCountMemory(t *testing.T) {
 	if s := c.note(2); s.count != 0 {
 		t.Errorf("first count: remembered %+v, want nothing", s)
 	}
-	if s := c.note(1); s.count != 2 || !strings.Contains(s.String(), "API servers counted within the last 10m0s: 2") {
+	if s := c.note(1); s.count != 2 || !strings.Contains(s.String(), "API servers counted within the last 1h0m0s: 2") {
 		t.Errorf("a drop to 1: remembered %q, want 2", s)
 	}
 	servers, _ := countAPIServers([]apiServerSignal{{source: "leases", count: 1}, {source: "addresses", count: 1}, c.note(1)})

@@ -61,11 +61,12 @@ type ScanOptions struct {
 	// Report.NotUnderKey (see ParseKey).
 	ExpectKey KeyWant
 	// APICount is the API's count of the resource's objects at an etcd
-	// revision (0: now), ErrRevisionNotInAPI if the API's etcd has no such
-	// revision. The scan asks it at the revision it reads, so that etcd's
-	// count is held against the API's with no tolerance. Without it the
-	// scan is held against nothing, and Judge says so.
-	APICount func(ctx context.Context, revision int64) (int64, error)
+	// revision (0: now), with the first object it lists
+	// ([<namespace>/]<name>), or ErrRevisionNotInAPI if the API's etcd has
+	// no such revision. The scan asks it at the revision it reads, so that
+	// etcd's count is held against the API's with no tolerance. Without it
+	// the scan is held against nothing, and Judge says so.
+	APICount func(ctx context.Context, revision int64) (count int64, first string, err error)
 }
 
 // PageValues is the most values a page of a scan with these options holds:
@@ -121,6 +122,11 @@ type Report struct {
 	// APIObjectsNow is the API's count now, asked when etcd held no key
 	// at Revision and the API listed none there either.
 	APIObjectsNow *int64 `json:"apiObjectsNow,omitempty"`
+	// APIFirst and EtcdFirst are the first object ([<namespace>/]<name>)
+	// the API lists at Revision and the first etcd holds under KeyPrefix:
+	// both list in key order, so the same etcd names the same one.
+	APIFirst  string `json:"apiFirst,omitempty"`
+	EtcdFirst string `json:"etcdFirst,omitempty"`
 	// Versions counts objects by the apiVersion they are encoded at;
 	// encrypted values count under EncryptedVersion, values that cannot be
 	// classified under UnknownVersion.
@@ -202,6 +208,9 @@ func Scan(ctx context.Context, etcd Reader, gr schema.GroupResource, crd bool, o
 		if err != nil {
 			return nil, err
 		}
+		if r.EtcdFirst == "" && len(keys.Kvs) > 0 {
+			r.EtcdFirst = ObjectName(prefix, string(keys.Kvs[0].Key))
+		}
 		for i := 0; i < len(keys.Kvs); i += int(pageValues) {
 			chunk := keys.Kvs[i:min(len(keys.Kvs), i+int(pageValues))]
 			last := string(chunk[len(chunk)-1].Key) + "\x00"
@@ -223,8 +232,8 @@ var ErrRevisionNotInAPI = errors.New("the API's etcd has no such revision")
 // holdAgainstAPI asks the API for its count at the report's revision. An
 // empty read is held against the API's count now too: an etcd that is not
 // the API's can be empty at a revision the API's etcd was empty at too.
-func (r *Report) holdAgainstAPI(ctx context.Context, count func(context.Context, int64) (int64, error)) {
-	n, err := count(ctx, r.Revision)
+func (r *Report) holdAgainstAPI(ctx context.Context, count func(context.Context, int64) (int64, string, error)) {
+	n, first, err := count(ctx, r.Revision)
 	switch {
 	case errors.Is(err, ErrRevisionNotInAPI):
 		r.APIRevisionUnknown, r.APIError = true, err.Error()
@@ -233,9 +242,9 @@ func (r *Report) holdAgainstAPI(ctx context.Context, count func(context.Context,
 		r.APIError = err.Error()
 		return
 	}
-	r.APIObjects = &n
+	r.APIObjects, r.APIFirst = &n, first
 	if r.KeysAtRevision == 0 && n == 0 {
-		if now, err := count(ctx, 0); err != nil {
+		if now, _, err := count(ctx, 0); err != nil {
 			r.APIError = err.Error()
 		} else {
 			r.APIObjectsNow = &now

@@ -134,6 +134,16 @@ func (j *Judgement) accounted(r *Report) bool {
 		j.add(Unaccounted, "etcd holds %d keys under %s at revision %d, but the API lists %s at that revision: this read does not see them all. Check --etcd-prefix (the API server's --etcd-prefix), --etcd-endpoints (a resource in the API server's --etcd-servers-overrides is kept in another etcd) and that this is the etcd of this cluster",
 			r.KeysAtRevision, r.KeyPrefix, r.Revision, objects(int(*r.APIObjects)))
 		return false
+	case !r.Snapshot:
+		j.add(Unaccounted, "etcd compacted revision %d while this read went on, and the read finished at newer revisions: its counts are of no one moment, and are not held against the API's. Run verify again (with a higher --rate, or none)", r.Revision)
+		return false
+	case r.Objects != int(r.KeysAtRevision):
+		j.add(Unaccounted, "this read counted %s under %s, but etcd held %d keys there at revision %d: run verify again", objects(r.Objects), r.KeyPrefix, r.KeysAtRevision, r.Revision)
+		return false
+	case r.APIFirst != "" && r.EtcdFirst != "" && r.APIFirst != r.EtcdFirst:
+		j.add(Unaccounted, "the first object etcd holds under %s is %s, but the first the API lists at revision %d is %s: this is not the etcd, or the prefix, the API server keeps this resource in. Check --etcd-prefix and --etcd-endpoints",
+			r.KeyPrefix, r.EtcdFirst, r.Revision, r.APIFirst)
+		return false
 	case r.APIObjectsNow != nil && *r.APIObjectsNow > 0:
 		j.add(Unaccounted, "etcd holds no key under %s at revision %d, but the API lists %s now: this read may not see them. Check --etcd-prefix and --etcd-endpoints, and run verify again if they were created since",
 			r.KeyPrefix, r.Revision, objects(int(*r.APIObjectsNow)))

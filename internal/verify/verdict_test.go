@@ -19,7 +19,7 @@ func report(versions map[string]int, keys map[string]int) *Report {
 	for k, n := range keys {
 		r.Keys[k] = &Count{Objects: n}
 	}
-	r.KeysAtRevision = int64(r.Objects)
+	r.KeysAtRevision, r.Snapshot = int64(r.Objects), true
 	r.APIObjects = ptr.To(int64(r.Objects))
 	return r
 }
@@ -27,6 +27,7 @@ func report(versions map[string]int, keys map[string]int) *Report {
 // counted is a report whose etcd and API counts are given.
 func counted(etcd int64, api *int64, apiError string) *Report {
 	r := report(map[string]int{"example.com/v1": int(etcd)}, nil)
+	r.Snapshot = true
 	r.KeysAtRevision, r.APIObjects, r.APIError, r.Revision, r.KeyPrefix = etcd, api, apiError, 7, "/kubernetes.io/example.com/widgets/"
 	return r
 }
@@ -149,6 +150,28 @@ func TestJudge(t *testing.T) {
 			report:     counted(3, nil, "the server could not find the requested resource"),
 			api:        widgets("v1beta1", "v1"),
 			findings:   []string{"danger: the API could not list this resource at etcd's revision 7 (the server could not find the requested resource), while etcd holds 3 objects under /kubernetes.io/example.com/widgets/"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name: "etcd compacted the revision mid-read",
+			report: func() *Report {
+				r := counted(3, ptr.To[int64](3), "")
+				r.Snapshot = false
+				return r
+			}(),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: etcd compacted revision 7 while this read went on"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name: "another etcd's objects, as many",
+			report: func() *Report {
+				r := counted(3, ptr.To[int64](3), "")
+				r.APIFirst, r.EtcdFirst = "ns/a", "other/z"
+				return r
+			}(),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: the first object etcd holds under /kubernetes.io/example.com/widgets/ is other/z, but the first the API lists at revision 7 is ns/a"},
 			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
 		},
 		{
