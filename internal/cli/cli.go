@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -91,12 +92,17 @@ and migrates them: through the restow operator (migrate) or in-process (run).`,
 		newRunCommand(f, streams),
 		newStatusCommand(f, streams),
 		newVerifyCommand(f, streams),
+		newPreflightCommand(f, streams),
 		newVersionCommand(streams),
 	)
 	root.Version = version.Get().String()
 	root.SetVersionTemplate("kubectl-restow {{.Version}}\n")
 	return root
 }
+
+// wrapTransport, when set, wraps the transport of every client clients
+// makes: the tests record every request a command sends.
+var wrapTransport func(http.RoundTripper) http.RoundTripper
 
 // fieldManager names the plugin in managedFields.
 const fieldManager = "kubectl-restow"
@@ -152,6 +158,9 @@ func (f *factory) clients(ctx context.Context) (*clients, error) {
 	// (docs/benchmarks.md, Tuning). As the manager's: a safety net only;
 	// the API server's priority and fairness does the throttling.
 	cfg.QPS, cfg.Burst = 1000, 2000
+	if wrapTransport != nil {
+		cfg.Wrap(wrapTransport)
+	}
 	mapper, err := f.flags.ToRESTMapper()
 	if err != nil {
 		return nil, err

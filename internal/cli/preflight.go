@@ -1,0 +1,219 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/spf13/cobra"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/preflight"
+)
+
+// ExitBlocked: preflight found a CRD whose apply the API server would refuse
+// and that restow cannot prepare (a skipped release, a downgrade, or another
+// refusal). A CRD that prepare can let through exits ExitPending.
+const ExitBlocked = 8
+
+type preflightOptions struct {
+	files     []string
+	recursive bool
+	keep      []string
+	output    string
+}
+
+func newPreflightCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
+	opts := preflightOptions{}
+	cmd := &cobra.Command{
+		Use:   "preflight -f FILE|DIR|- [-f ...] | --keep CRD=VERSION[,VERSION...]",
+		Short: "Say whether the API server would refuse a CRD upgrade, before it is applied",
+		Long: fmt.Sprintf(`preflight reads CRD manifests (files, directories with -R, or - for standard
+input: the output of helm template --include-crds or kustomize build; other
+documents are left out) and holds each CRD against the live one. The API
+server refuses a CRD that drops a version status.storedVersions still lists
+("missing from spec.versions" on Kubernetes 1.37, "must appear in
+spec.versions" before). For each CRD it says, on one line:
+
+  ok             the apply keeps every stored version
+  needs prepare  it drops stored versions but keeps the live storage
+                 version: kubectl restow run CRD migrates every object to
+                 it and prunes status.storedVersions, then the apply passes
+  blocked        it drops the live storage version too (a skipped release,
+                 a downgrade), or the API server refuses it for another
+                 reason, with what would unblock it
+  new            the cluster has no such CRD
+
+A server-side dry run of each CRD (dryRun=All) confirms the verdict.
+preflight writes nothing. It exits 0 when every CRD is ok or new, %d when
+one needs prepare, %d when one is blocked, 1 on an error.`, ExitPending, ExitBlocked),
+		Example: `  helm template my-release my-chart --include-crds | kubectl restow preflight -f -
+  kubectl restow preflight -f config/crd/ -R
+  kubectl restow preflight --keep crontabs.stable.example.com=v1`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return fmt.Errorf("preflight takes no arguments, got %q: give manifests with -f, or versions with --keep", args)
+			}
+			manifests, err := opts.manifests(streams.In)
+			if err != nil {
+				return err
+			}
+			if err := validateOutput(opts.output); err != nil {
+				return err
+			}
+			c, err := f.clients(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return runPreflight(cmd.Context(), c, streams.Out, manifests, opts.output)
+		},
+	}
+	cmd.Flags().StringSliceVarP(&opts.files, "filename", "f", nil, "Manifests to check: a file, a directory, or - for standard input; repeat for several.")
+	cmd.Flags().BoolVarP(&opts.recursive, "recursive", "R", false, "Read the directories given with -f and their subdirectories.")
+	cmd.Flags().StringArrayVar(&opts.keep, "keep", nil, "CRD=VERSION[,VERSION...]: the versions a release keeps of a CRD, without its manifest (no dry run then); repeat for several.")
+	addOutputFlag(cmd, &opts.output)
+	return cmd
+}
+
+// manifests reads -f and --keep, and refuses a check of nothing.
+func (o preflightOptions) manifests(in io.Reader) ([]preflight.Manifest, error) {
+	if len(o.files) == 0 && len(o.keep) == 0 {
+		return nil, errors.New("preflight needs manifests (-f FILE, DIR or -) or versions (--keep CRD=VERSION[,VERSION...])")
+	}
+	manifests, err := preflight.Read(o.files, o.recursive, in)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range o.keep {
+		m, err := preflight.ParseKeep(k)
+		if err != nil {
+			return nil, err
+		}
+		manifests = append(manifests, m)
+	}
+	if len(manifests) == 0 {
+		return nil, fmt.Errorf("no CustomResourceDefinition (apiextensions.k8s.io/v1) in %v: nothing to check", o.files)
+	}
+	return manifests, nil
+}
+
+type preflightOutput struct {
+	CRDs []preflight.Verdict `json:"crds"`
+}
+
+func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []preflight.Manifest, output string) error {
+	out := preflightOutput{}
+	worst := preflight.OK
+	for _, m := range manifests {
+		v, err := c.preflightOne(ctx, m)
+		if err != nil {
+			return err
+		}
+		out.CRDs = append(out.CRDs, v)
+		if v.State.Weight() > worst.Weight() {
+			worst = v.State
+		}
+	}
+	if output != "" {
+		if err := printStructured(w, output, out); err != nil {
+			return err
+		}
+	} else {
+		for _, v := range out.CRDs {
+			fmt.Fprintf(w, "%s: %s: %s\n", v.CRD, v.State, v.Reason)
+			if v.DryRun != "" {
+				fmt.Fprintf(w, "  server-side dry run: %s\n", v.DryRun)
+			}
+		}
+	}
+	switch worst {
+	case preflight.Blocked:
+		return &exitError{code: ExitBlocked, err: errors.New("the API server would refuse a CRD that restow cannot prepare: see blocked above")}
+	case preflight.NeedsPrepare:
+		return &exitError{code: ExitPending, err: errors.New("the API server would refuse a CRD until kubectl restow run migrates it: see needs prepare above")}
+	}
+	return nil
+}
+
+// preflightOne judges one manifest against the live CRD, and confirms it
+// with a server-side dry run of the manifest's spec.
+func (c *clients) preflightOne(ctx context.Context, m preflight.Manifest) (preflight.Verdict, error) {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	err := c.client.Get(ctx, client.ObjectKey{Name: m.Name}, crd)
+	switch {
+	case apierrors.IsNotFound(err):
+		return preflight.Judge(m, nil), nil
+	case err != nil:
+		return preflight.Verdict{}, fmt.Errorf("reading CRD %s: %w", m.Name, err)
+	}
+	live := preflight.LiveOf(crd)
+	live.Migrated, err = c.lastPassAt(ctx, crd, live.Storage)
+	if err != nil {
+		return preflight.Verdict{}, err
+	}
+	v := preflight.Judge(m, &live)
+	if m.CRD == nil {
+		return v, nil
+	}
+	refused, err := c.dryRunApply(ctx, crd, m.CRD)
+	switch {
+	case err != nil:
+		return preflight.Verdict{}, err
+	case refused == "":
+		v.DryRun = "accepted"
+	default:
+		v.DryRun = "refused: " + refused
+		if v.State == preflight.OK {
+			v.State, v.Reason = preflight.Blocked, "the API server refuses the CRD for a reason other than its stored versions: "+refused
+		}
+	}
+	return v, nil
+}
+
+// dryRunApply sends the manifest's spec as an update of the live CRD with
+// dryRun=All: the API server validates it as it would the apply, stores
+// nothing, and says why it refuses it ("" when it accepts it).
+func (c *clients) dryRunApply(ctx context.Context, live, manifest *apiextensionsv1.CustomResourceDefinition) (string, error) {
+	updated := live.DeepCopy()
+	updated.Spec = *manifest.Spec.DeepCopy()
+	err := c.client.Update(ctx, updated, client.DryRunAll)
+	switch {
+	case err == nil:
+		return "", nil
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
+		return err.Error(), nil
+	}
+	// A 403 may be RBAC (the dry run needs update on the CRD) or an
+	// admission webhook: not a verdict either way.
+	return "", fmt.Errorf("dry run of CRD %s: %w", manifest.Name, err)
+}
+
+// lastPassAt says what restow's StorageMigrations record of a pass that
+// rewrote every object of crd's resource at version, or "".
+func (c *clients) lastPassAt(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, version string) (string, error) {
+	gr := schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
+	migrations, err := c.migrationsFor(ctx, gr)
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		// restow's CRD not installed, or not readable: no record.
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	i := slices.IndexFunc(migrations, func(sm migrationv1alpha1.StorageMigration) bool {
+		p := sm.Status.LastPass
+		return p != nil && p.TargetVersion == version && p.Failed == 0
+	})
+	if i < 0 {
+		return "", nil
+	}
+	p := migrations[i].Status.LastPass
+	return fmt.Sprintf("restow's StorageMigration %s rewrote all %d objects to %s at %s", migrations[i].Name, p.Listed, version, p.CompletionTime.UTC().Format("2006-01-02T15:04:05Z")), nil
+}

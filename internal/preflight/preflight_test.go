@@ -1,0 +1,60 @@
+package preflight
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestJudge(t *testing.T) {
+	live := &Live{Storage: "v1", StoredVersions: []string{"v1alpha1", "v1"}, Served: []string{"v1alpha1", "v1"}}
+	for _, tc := range []struct {
+		name     string
+		versions []string
+		live     *Live
+		want     State
+		reason   string
+	}{
+		{"keeps every stored version", []string{"v1alpha1", "v1", "v2"}, live, OK, "keeps every version status.storedVersions lists (v1alpha1, v1)"},
+		{"drops a stored version, keeps the storage version", []string{"v1", "v2"}, live, NeedsPrepare, "drops v1alpha1, which status.storedVersions still lists: kubectl restow run x.example.com migrates every object to v1"},
+		{"drops the storage version: a skipped release", []string{"v2"}, live, Blocked, "drops v1, the live storage version"},
+		{"a downgrade with a common version", []string{"v1alpha1"}, live, Blocked, "(here: v1alpha1)"},
+		{"not in the cluster", []string{"v1"}, nil, New, "the apply creates it"},
+	} {
+		v := Judge(Manifest{Name: "x.example.com", Versions: tc.versions}, tc.live)
+		if v.State != tc.want || !strings.Contains(v.Reason, tc.reason) {
+			t.Errorf("%s: %s: %q, want %s saying %q", tc.name, v.State, v.Reason, tc.want, tc.reason)
+		}
+	}
+	if Blocked.Weight() <= NeedsPrepare.Weight() || NeedsPrepare.Weight() <= OK.Weight() || New.Weight() != OK.Weight() {
+		t.Error("weights out of order")
+	}
+}
+
+func TestReadAndKeep(t *testing.T) {
+	dir := t.TempDir()
+	crd := "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  versions:\n  - name: v1\n    served: true\n    storage: true\n"
+	other := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"
+	if err := os.WriteFile(filepath.Join(dir, "all.yaml"), []byte(other+"---\n"+crd), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not read"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read([]string{dir}, false, nil)
+	if err != nil || len(got) != 1 || got[0].Name != "widgets.example.com" || got[0].Storage != "v1" || got[0].Source != filepath.Join(dir, "all.yaml")+", document 2" {
+		t.Fatalf("Read = %+v, %v", got, err)
+	}
+	if _, err := Read([]string{"-"}, false, strings.NewReader("kind: [")); err == nil || !strings.Contains(err.Error(), "standard input, document 1") {
+		t.Errorf("a document that does not decode: %v", err)
+	}
+	if m, err := ParseKeep("widgets.example.com=v1,v2"); err != nil || strings.Join(m.Versions, " ") != "v1 v2" {
+		t.Errorf("ParseKeep = %+v, %v", m, err)
+	}
+	for _, bad := range []string{"widgets", "widgets.example.com", "widgets.example.com=", "widgets.example.com=v1,,v2"} {
+		if _, err := ParseKeep(bad); err == nil {
+			t.Errorf("ParseKeep(%q): no error", bad)
+		}
+	}
+}
