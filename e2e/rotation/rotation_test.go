@@ -110,14 +110,7 @@ func TestAESCBCKeyRotation(t *testing.T) {
 // in its metrics; restow re-encrypts every Secret, and verify shows each
 // under the new key ID.
 func TestKMSv2KeyIDChange(t *testing.T) {
-	plugin, err := kmsplugin.Start("k1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(plugin.Stop)
-	config := filepath.Join(t.TempDir(), "encryption.yaml")
-	writeConfig(t, config, fmt.Sprintf("  - kms:\n      apiVersion: v2\n      name: testkms\n      endpoint: %s\n      timeout: 5s\n", plugin.Endpoint))
-	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServerArgs: map[string]string{"encryption-provider-config": config}})
+	plugin, config, cp := startKMS(t)
 	createSecrets(t, cp)
 	startManager(t, cp)
 	baseline := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, configHash(t, config))
@@ -147,14 +140,7 @@ func TestKMSv2KeyIDChange(t *testing.T) {
 // two key IDs, is a mismatch naming both, not a pass; once kubectl restow
 // run rewrote every Secret, it passes, as does the key ID k2.
 func TestVerifyKMSv2ProviderName(t *testing.T) {
-	plugin, err := kmsplugin.Start("k1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(plugin.Stop)
-	config := filepath.Join(t.TempDir(), "encryption.yaml")
-	writeConfig(t, config, fmt.Sprintf("  - kms:\n      apiVersion: v2\n      name: testkms\n      endpoint: %s\n      timeout: 5s\n", plugin.Endpoint))
-	cp := testenv.Start(t, testenv.Options{APIServerArgs: map[string]string{"encryption-provider-config": config}})
+	plugin, _, cp := startKMS(t)
 	createSecrets(t, cp)
 	verifyKey(t, cp, "kmsv2:testkms", 0)
 
@@ -326,6 +312,21 @@ func aescbc(keys ...string) string {
 		fmt.Fprintf(&b, "      - name: %s\n        secret: %s\n", k, secrets[k])
 	}
 	return b.String()
+}
+
+// startKMS starts a KMS v2 plugin over gRPC at key ID k1, and a control
+// plane that encrypts Secrets with it (provider testkms).
+func startKMS(t *testing.T) (plugin *kmsplugin.Plugin, config string, cp *testenv.Env) {
+	t.Helper()
+	plugin, err := kmsplugin.Start("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(plugin.Stop)
+	config = filepath.Join(t.TempDir(), "encryption.yaml")
+	writeConfig(t, config, fmt.Sprintf("  - kms:\n      apiVersion: v2\n      name: testkms\n      endpoint: %s\n      timeout: 5s\n", plugin.Endpoint))
+	cp = testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServerArgs: map[string]string{"encryption-provider-config": config}})
+	return plugin, config, cp
 }
 
 // writeConfig writes an EncryptionConfiguration of Secrets with providers

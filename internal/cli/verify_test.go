@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -311,7 +310,7 @@ func TestVerifyReadsOnly(t *testing.T) {
 func TestVerifySecretsKeyRotation(t *testing.T) {
 	dir := t.TempDir()
 	config := filepath.Join(dir, "encryption.yaml")
-	writeEncryptionConfig(t, config, "key1", "key2")
+	testenv.WriteAESCBCConfig(t, config, "key1", "key2")
 	cp := testenv.Start(t, testenv.Options{APIServerArgs: map[string]string{"encryption-provider-config": config}})
 	const n = 30
 	if err := cp.EnsureNamespaces(t.Context(), "vault"); err != nil {
@@ -329,7 +328,7 @@ func TestVerifySecretsKeyRotation(t *testing.T) {
 	}
 
 	// The rotation: key2 writes, key1 still reads.
-	writeEncryptionConfig(t, config, "key2", "key1")
+	testenv.WriteAESCBCConfig(t, config, "key2", "key1")
 	if _, _, err := cp.RestartAPIServer(t.Context(), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -355,22 +354,6 @@ func TestVerifySecretsKeyRotation(t *testing.T) {
 	}
 }
 
-// writeEncryptionConfig writes an EncryptionConfiguration that encrypts
-// Secrets with aescbc under the keys in order: the first writes, all read.
-func writeEncryptionConfig(t *testing.T, path string, keys ...string) {
-	t.Helper()
-	var b strings.Builder
-	b.WriteString("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n")
-	// Fixed test keys of 32 bytes each, base64: each name keeps its key.
-	secrets := map[string]string{"key1": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "key2": "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA="}
-	for _, k := range keys {
-		fmt.Fprintf(&b, "      - name: %s\n        secret: %s\n", k, secrets[k])
-	}
-	b.WriteString("  - identity: {}\n")
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // etcdKV is an etcd client of e's own, for the test to call verify.Scan
 // directly.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -29,7 +28,7 @@ import (
 // second pass leaves every Secret under key2.
 func TestReEncryptionAcrossARollBackIsMoved(t *testing.T) {
 	config := filepath.Join(t.TempDir(), "encryption.yaml")
-	writeAESCBC(t, config, "key1", "key2")
+	testenv.WriteAESCBCConfig(t, config, "key1", "key2")
 	cp := testenv.Start(t, testenv.Options{APIServerArgs: map[string]string{"encryption-provider-config": config}})
 	const ns, n = "vault", 400
 	if err := cp.EnsureNamespaces(t.Context(), ns); err != nil {
@@ -42,7 +41,7 @@ func TestReEncryptionAcrossARollBackIsMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The rotation: key2 writes.
-	writeAESCBC(t, config, "key2", "key1")
+	testenv.WriteAESCBCConfig(t, config, "key2", "key1")
 	if _, _, err := cp.RestartAPIServer(t.Context(), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -69,10 +68,10 @@ func TestReEncryptionAcrossARollBackIsMoved(t *testing.T) {
 		switch {
 		case !rolledBack && p.Done() >= 25:
 			rolledBack = true
-			writeAESCBC(t, config, "key1", "key2")
+			testenv.WriteAESCBCConfig(t, config, "key1", "key2")
 		case rolledBack && !rolledForward && p.Done() >= 100:
 			rolledForward = true
-			writeAESCBC(t, config, "key2", "key1")
+			testenv.WriteAESCBCConfig(t, config, "key2", "key1")
 		default:
 			return
 		}
@@ -143,20 +142,4 @@ func storedUnder(t *testing.T, cp *testenv.Env, ns, key string) int {
 		}
 	}
 	return n
-}
-
-// writeAESCBC writes an EncryptionConfiguration that encrypts Secrets with
-// aescbc under the keys in order: the first writes, all read.
-func writeAESCBC(t *testing.T, path string, keys ...string) {
-	t.Helper()
-	var b strings.Builder
-	b.WriteString("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n")
-	secrets := map[string]string{"key1": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "key2": "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA="}
-	for _, k := range keys {
-		fmt.Fprintf(&b, "      - name: %s\n        secret: %s\n", k, secrets[k])
-	}
-	b.WriteString("  - identity: {}\n")
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
