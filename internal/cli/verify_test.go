@@ -354,7 +354,6 @@ func TestVerifySecretsKeyRotation(t *testing.T) {
 	}
 }
 
-
 // etcdKV is an etcd client of e's own, for the test to call verify.Scan
 // directly.
 func etcdKV(t *testing.T, e *testenv.Env) clientv3.KV {
