@@ -215,11 +215,16 @@ func TestReStoreUnseen(t *testing.T) {
 		{name: "not moved", status: afterPass, target: func() migrator.Target { t := moved; t.StorageVersionHash = "old="; return t }(), gen: 1},
 		{name: "asked for: a re-run", status: afterPass, target: moved, gen: 1, token: "now"},
 		{name: "asked for: a new spec", status: afterPass, target: moved, gen: 2},
-		{name: "under way", status: func() migrationv1alpha1.StorageMigrationStatus {
+		{name: "under way at the new hash", status: func() migrationv1alpha1.StorageMigrationStatus {
 			s := afterPass
-			s.Progress = &migrationv1alpha1.PassProgress{}
+			s.Progress = &migrationv1alpha1.PassProgress{StorageVersionHash: "new="}
 			return s
 		}(), target: moved, gen: 1},
+		{name: "interrupted under the old hash: it would start over at the new one", status: func() migrationv1alpha1.StorageMigrationStatus {
+			s := afterPass
+			s.Progress = &migrationv1alpha1.PassProgress{StorageVersionHash: "old="}
+			return s
+		}(), target: moved, gen: 1, want: true},
 		{name: "a first pass of one someone made", status: migrationv1alpha1.StorageMigrationStatus{}, target: moved, gen: 1},
 	} {
 		sm := &migrationv1alpha1.StorageMigration{Status: tc.status}
