@@ -93,6 +93,7 @@ and migrates them: through the restow operator (migrate) or in-process (run).`,
 		newStatusCommand(f, streams),
 		newVerifyCommand(f, streams),
 		newPreflightCommand(f, streams),
+		newPrepareCommand(f, streams),
 		newVersionCommand(streams),
 	)
 	root.Version = version.Get().String()

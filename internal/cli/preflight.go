@@ -23,11 +23,22 @@ import (
 // refusal). A CRD that prepare can let through exits ExitPending.
 const ExitBlocked = 8
 
-type preflightOptions struct {
+// manifestFlags are the CRD manifests preflight and prepare read.
+type manifestFlags struct {
 	files     []string
 	recursive bool
 	keep      []string
-	output    string
+}
+
+func (o *manifestFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringSliceVarP(&o.files, "filename", "f", nil, "Manifests to check: a file, a directory, or - for standard input; repeat for several.")
+	cmd.Flags().BoolVarP(&o.recursive, "recursive", "R", false, "Read the directories given with -f and their subdirectories.")
+	cmd.Flags().StringArrayVar(&o.keep, "keep", nil, "CRD=VERSION[,VERSION...]: the versions a release keeps of a CRD, without its manifest (no dry run then); repeat for several.")
+}
+
+type preflightOptions struct {
+	manifestFlags
+	output string
 }
 
 func newPreflightCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -44,7 +55,7 @@ spec.versions" before). For each CRD it says, on one line:
 
   ok             the apply keeps every stored version
   needs prepare  it drops stored versions but keeps the live storage
-                 version: kubectl restow run CRD migrates every object to
+                 version: kubectl restow prepare migrates every object to
                  it and prunes status.storedVersions, then the apply passes
   blocked        it drops the live storage version too (a skipped release,
                  a downgrade), or the API server refuses it for another
@@ -75,15 +86,13 @@ one needs prepare, %d when one is blocked, 1 on an error.`, ExitPending, ExitBlo
 			return runPreflight(cmd.Context(), c, streams.Out, manifests, opts.output)
 		},
 	}
-	cmd.Flags().StringSliceVarP(&opts.files, "filename", "f", nil, "Manifests to check: a file, a directory, or - for standard input; repeat for several.")
-	cmd.Flags().BoolVarP(&opts.recursive, "recursive", "R", false, "Read the directories given with -f and their subdirectories.")
-	cmd.Flags().StringArrayVar(&opts.keep, "keep", nil, "CRD=VERSION[,VERSION...]: the versions a release keeps of a CRD, without its manifest (no dry run then); repeat for several.")
+	opts.add(cmd)
 	addOutputFlag(cmd, &opts.output)
 	return cmd
 }
 
 // manifests reads -f and --keep, and refuses a check of nothing.
-func (o preflightOptions) manifests(in io.Reader) ([]preflight.Manifest, error) {
+func (o manifestFlags) manifests(in io.Reader) ([]preflight.Manifest, error) {
 	if len(o.files) == 0 && len(o.keep) == 0 {
 		return nil, errors.New("preflight needs manifests (-f FILE, DIR or -) or versions (--keep CRD=VERSION[,VERSION...])")
 	}
@@ -137,7 +146,7 @@ func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []pref
 	case preflight.Blocked:
 		return &exitError{code: ExitBlocked, err: errors.New("the API server would refuse a CRD that restow cannot prepare: see blocked above")}
 	case preflight.NeedsPrepare:
-		return &exitError{code: ExitPending, err: errors.New("the API server would refuse a CRD until kubectl restow run migrates it: see needs prepare above")}
+		return &exitError{code: ExitPending, err: errors.New("the API server would refuse a CRD until kubectl restow prepare migrates it: see needs prepare above")}
 	}
 	return nil
 }
@@ -200,7 +209,7 @@ func (c *clients) dryRunApply(ctx context.Context, live, manifest *apiextensions
 func (c *clients) lastPassAt(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, version string) (string, error) {
 	gr := schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
 	migrations, err := c.migrationsFor(ctx, gr)
-	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+	if errors.Is(err, errNotInstalled) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
 		// restow's CRD not installed, or not readable: no record.
 		return "", nil
 	}

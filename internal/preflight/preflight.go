@@ -6,7 +6,7 @@
 // reads manifests, holds each CRD in them against the live one, and judges
 // (Judge, a pure function) what the apply needs: nothing, a migration that
 // prunes status.storedVersions to the live storage version (kubectl restow
-// run), or something restow cannot do yet.
+// prepare), or something restow cannot do yet.
 package preflight
 
 import (
@@ -171,7 +171,7 @@ const (
 	OK State = "ok"
 	// NeedsPrepare: the apply drops stored versions and keeps the live
 	// storage version: a migration to it, and a prune of
-	// status.storedVersions (kubectl restow run), let it through.
+	// status.storedVersions (kubectl restow prepare), let it through.
 	NeedsPrepare State = "needs prepare"
 	// Blocked: the apply drops the live storage version too (a skipped
 	// release, a downgrade), or the API server refuses it for another
@@ -237,8 +237,8 @@ func Judge(m Manifest, live *Live) Verdict {
 		v.State, v.Reason = OK, fmt.Sprintf("the manifest keeps every version status.storedVersions lists (%s)", strings.Join(live.StoredVersions, ", "))
 	case slices.Contains(m.Versions, live.Storage):
 		v.State = NeedsPrepare
-		v.Reason = fmt.Sprintf("the manifest drops %s, which status.storedVersions still lists: kubectl restow run %s migrates every object to %s, the live storage version, and prunes status.storedVersions to [%s]; the apply then passes",
-			strings.Join(v.Drops, ", "), m.Name, live.Storage, live.Storage)
+		v.Reason = fmt.Sprintf("the manifest drops %s, which status.storedVersions still lists: kubectl restow prepare migrates every object to %s, the live storage version, and prunes status.storedVersions to [%s]; the apply then passes",
+			strings.Join(v.Drops, ", "), live.Storage, live.Storage)
 		if live.Migrated != "" {
 			v.Reason += "; " + live.Migrated
 		}

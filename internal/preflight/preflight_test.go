@@ -17,7 +17,7 @@ func TestJudge(t *testing.T) {
 		reason   string
 	}{
 		{"keeps every stored version", []string{"v1alpha1", "v1", "v2"}, live, OK, "keeps every version status.storedVersions lists (v1alpha1, v1)"},
-		{"drops a stored version, keeps the storage version", []string{"v1", "v2"}, live, NeedsPrepare, "drops v1alpha1, which status.storedVersions still lists: kubectl restow run x.example.com migrates every object to v1"},
+		{"drops a stored version, keeps the storage version", []string{"v1", "v2"}, live, NeedsPrepare, "drops v1alpha1, which status.storedVersions still lists: kubectl restow prepare migrates every object to v1"},
 		{"drops the storage version: a skipped release", []string{"v2"}, live, Blocked, "drops v1, the live storage version"},
 		{"a downgrade with a common version", []string{"v1alpha1"}, live, Blocked, "(here: v1alpha1)"},
 		{"not in the cluster", []string{"v1"}, nil, New, "the apply creates it"},
