@@ -193,11 +193,11 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 // reads every API server's encryption state; 0 for any other.
 func (r *StorageMigrationReconciler) encryptionCheck(sm *migrationv1alpha1.StorageMigration) time.Duration {
 	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
-	if !slices.Contains(r.Options.ReEncrypt, gr) {
+	if !slices.Contains(r.ReEncrypt, gr) {
 		return 0
 	}
-	if r.Options.EncryptionCheckInterval > 0 {
-		return r.Options.EncryptionCheckInterval
+	if r.EncryptionCheckInterval > 0 {
+		return r.EncryptionCheckInterval
 	}
 	return DefaultEncryptionCheckInterval
 }

@@ -153,7 +153,7 @@ func TestVerifyKMSv2ProviderName(t *testing.T) {
 	testenv.WaitProgress(t, "a Secret written under key ID k2", time.Minute, func(ctx context.Context) (bool, string, error) {
 		patch := client.RawPatch(types.MergePatchType, []byte(fmt.Sprintf(`{"metadata":{"annotations":{"written":"%d"}}}`, time.Now().UnixNano())))
 		if err := cp.Client.Patch(ctx, rewritten, patch); err != nil {
-			return false, err.Error(), nil
+			return false, "", err
 		}
 		out, _, _ := scenario.Restow(t, cp, "verify", name, "--etcd-endpoints", cp.EtcdURL(), "--names", "0")
 		return strings.Contains(out, "(key ID k2) 1"), "not yet", nil

@@ -18,9 +18,10 @@ import (
 	"github.com/restow/restow/internal/preflight"
 )
 
-// ExitBlocked: preflight found a CRD whose apply the API server would refuse
-// and that restow cannot prepare (a skipped release, a downgrade, or another
-// refusal). A CRD that prepare can let through exits ExitPending.
+// ExitBlocked is preflight's and prepare's exit code for a CRD whose apply
+// the API server would refuse and that restow cannot prepare (a skipped
+// release, a downgrade, or another refusal). A CRD that prepare can let
+// through exits ExitPending.
 const ExitBlocked = 8
 
 // manifestFlags are the CRD manifests preflight and prepare read.

@@ -134,7 +134,7 @@ func writeRelease(t *testing.T, path, name string, versions ...string) {
 	}
 	// Each version as the live CRD has it, or, for one it does not, as its
 	// first: a new version of the same schema.
-	var kept []apiextensionsv1.CustomResourceDefinitionVersion
+	kept := make([]apiextensionsv1.CustomResourceDefinitionVersion, 0, len(versions))
 	for _, name := range versions {
 		i := max(0, slices.IndexFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == name }))
 		v := *crd.Spec.Versions[i].DeepCopy()

@@ -43,6 +43,10 @@ const (
 	ExitUnaccounted = 7
 )
 
+// minEtcdRequestBytes is the least --etcd-max-request-bytes verify takes: no
+// object's stored value fits in less.
+const minEtcdRequestBytes = 4096
+
 type verifyOptions struct {
 	all            bool
 	output         string
@@ -147,7 +151,9 @@ func (o verifyOptions) validate(args []string) error {
 	}
 	for _, err := range []error{
 		between("page-size", o.scan.PageSize, 1, maxPageSize),
-		between("etcd-max-request-bytes", o.scan.MaxValueBytes, 1, verify.MaxPageBytes),
+		// etcd takes no request below a few KiB; a page holds one value of
+		// the most bytes at least.
+		between("etcd-max-request-bytes", o.scan.MaxValueBytes, minEtcdRequestBytes, verify.MaxPageBytes),
 		positive("etcd-dial-timeout", o.connectTimeout),
 	} {
 		if err != nil {

@@ -333,11 +333,11 @@ func TestVerifySecretsKeyRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A key's name alone is no key: refused, with the keys so named.
-	stdout, stderr, code := verifyOn(t, cp, "secrets", "--expect-key", "key1")
+	_, stderr, code := verifyOn(t, cp, "secrets", "--expect-key", "key1")
 	if code != 1 || !regexp.MustCompile(`error: --expect-key key1 is read as a KMS v2 key ID, and no object is under that key ID, but etcd holds \d+ objects under aescbc:key1: name a key with its provider`).MatchString(stderr) {
 		t.Errorf("--expect-key key1: exit %d, want 1 naming aescbc:key1:\n%s", code, stderr)
 	}
-	stdout, _, code = verifyOn(t, cp, "secrets", "--expect-key", "aescbc:key2")
+	stdout, _, code := verifyOn(t, cp, "secrets", "--expect-key", "aescbc:key2")
 	if code != cli.ExitMismatch || !regexp.MustCompile(`MISMATCH: \d+ objects not stored under key aescbc:key2 \(vault/s-000, `).MatchString(stdout) {
 		t.Errorf("after the rotation, before the migration: exit %d, want %d naming the Secrets under key1:\n%s", code, cli.ExitMismatch, stdout)
 	}

@@ -79,7 +79,6 @@ func TestScanMixedSizes(t *testing.T) {
 		}
 	}
 	reader := &sizedReader{Reader: etcd.KV}
-	big = ""
 	runtime.GC()
 	baseline := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	metrics.Read(baseline)

@@ -159,7 +159,7 @@ func (j *Judgement) accounted(r *Report) bool {
 // or a key ID that no object has but a key's name some do.
 func (j *Judgement) judgeKey(r *Report, want KeyWant) {
 	if len(r.nameOnly) > 0 && r.NotUnderKey.Objects == r.Objects {
-		var forms []string
+		forms := make([]string, 0, len(r.nameOnly))
 		for label, n := range r.nameOnly {
 			forms = append(forms, fmt.Sprintf("%s under %s", objects(n), label))
 		}
