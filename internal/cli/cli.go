@@ -364,6 +364,18 @@ func withTimeout(ctx context.Context, timeout time.Duration) (context.Context, c
 	return context.WithTimeout(ctx, timeout)
 }
 
+// untilTimeout runs fn within timeout (0: no limit) and ends the command
+// with ExitTimeout when the timeout passed first.
+func untilTimeout(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
+	ctx, cancel := withTimeout(ctx, timeout)
+	defer cancel()
+	err := fn(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &exitError{code: ExitTimeout, err: err}
+	}
+	return err
+}
+
 // errNotInstalled: the cluster has no StorageMigration API.
 var errNotInstalled = errors.New("the cluster has no StorageMigration API: install restow (kubectl apply -k config/default), or use `kubectl restow run`, which needs no operator")
 

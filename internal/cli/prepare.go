@@ -15,11 +15,11 @@ import (
 
 type prepareOptions struct {
 	manifestFlags
-	dryRun          bool
-	inProcess       bool
-	settleWindow    time.Duration
-	timeout         time.Duration
-	operatorTimeout time.Duration
+	// migrateOptions hold --timeout and --operator-timeout, as migrate's.
+	migrateOptions
+	dryRun       bool
+	inProcess    bool
+	settleWindow time.Duration
 }
 
 func newPrepareCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -49,14 +49,11 @@ migration left objects it could not rewrite, %d on --timeout, 1 on an error.`, E
 			if len(args) > 0 {
 				return fmt.Errorf("prepare takes no arguments, got %q: give manifests with -f, or versions with --keep", args)
 			}
-			for _, err := range []error{
-				positive("settle-window", opts.settleWindow),
-				zeroOrPositive("timeout", opts.timeout),
-				positive("operator-timeout", opts.operatorTimeout),
-			} {
-				if err != nil {
-					return err
-				}
+			if err := opts.validate(); err != nil {
+				return err
+			}
+			if err := positive("settle-window", opts.settleWindow); err != nil {
+				return err
 			}
 			manifests, err := opts.manifests(streams.In)
 			if err != nil {
@@ -66,13 +63,9 @@ migration left objects it could not rewrite, %d on --timeout, 1 on an error.`, E
 			if err != nil {
 				return err
 			}
-			ctx, cancel := withTimeout(cmd.Context(), opts.timeout)
-			defer cancel()
-			err = prepare(ctx, c, streams, manifests, opts)
-			if errors.Is(err, context.DeadlineExceeded) {
-				return &exitError{code: ExitTimeout, err: err}
-			}
-			return err
+			return untilTimeout(cmd.Context(), opts.timeout, func(ctx context.Context) error {
+				return prepare(ctx, c, streams, manifests, opts)
+			})
 		},
 	}
 	opts.add(cmd)
@@ -113,7 +106,9 @@ func prepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 		}
 		if viaOperator {
 			fmt.Fprintf(streams.Out, "%s: the restow operator migrates it (restow's StorageMigration API is installed), so that it runs no second migration beside this one\n", v.CRD)
-			err = requestMigration(ctx, c, streams, m.Name, migrateOptions{wait: true, operatorTimeout: opts.operatorTimeout})
+			follow := opts.migrateOptions
+			follow.wait = true
+			err = requestMigration(ctx, c, streams, m.Name, follow)
 		} else {
 			fmt.Fprintf(streams.Out, "%s: migrating in this process\n", v.CRD)
 			err = run(ctx, c, streams, m.Name, runOptions{

@@ -73,13 +73,9 @@ rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 			if err != nil {
 				return err
 			}
-			ctx, cancel := withTimeout(cmd.Context(), opts.timeout)
-			defer cancel()
-			err = run(ctx, c, streams, args[0], opts)
-			if errors.Is(err, context.DeadlineExceeded) {
-				return &exitError{code: ExitTimeout, err: err}
-			}
-			return err
+			return untilTimeout(cmd.Context(), opts.timeout, func(ctx context.Context) error {
+				return run(ctx, c, streams, args[0], opts)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&opts.dryRun, "dry-run", false, "List and count the objects, write nothing.")
