@@ -13,13 +13,10 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/cli"
-	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/preflight"
 	"github.com/restow/restow/internal/testenv"
 )
@@ -182,66 +179,4 @@ func applyRelease(t *testing.T, name, version, want string) {
 		t.Fatalf("applying %s with %s alone: %v, want refused with %q", name, version, err, want)
 	}
 	t.Logf("The apply is refused: %v", err)
-}
-
-// TestPrepare: a release that drops a stored version and keeps the live
-// storage version, and a skipped release, prepared with the operator
-// running: prepare hands the first to it, which migrates every object
-// (checked in etcd) and prunes; the apply is then accepted and every object
-// reads. The skipped release is left as it is, CRD and etcd alike, and the
-// exit code says not all could be prepared.
-func TestPrepare(t *testing.T) {
-	drops := testenv.Fixture{Env: env, Group: "drops.prepare.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
-	drops.Install(t, "v1alpha1", "v1")
-	const n = 200
-	drops.CreateObjects(t, "v1alpha1", n, plain, "prepare")
-	drops.SwitchStorage(t, "v1")
-	skipped := testenv.Fixture{Env: env, Group: "skipped.prepare.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
-	skipped.Install(t, "v1alpha1", "v1beta1")
-	skipped.CreateObjects(t, "v1alpha1", 5, plain, "prepare")
-	widgets{group: drops.Group}.deleteMigrationsAtEnd(t)
-	dir := t.TempDir()
-	writeRelease(t, filepath.Join(dir, "drops.yaml"), drops.CRDName(), "v1")
-	writeRelease(t, filepath.Join(dir, "skipped.yaml"), skipped.CRDName(), "v1")
-
-	out, _, code := restow(t, "prepare", "-f", dir, "--dry-run")
-	if code != cli.ExitBlocked || !strings.Contains(out, drops.CRDName()+": would migrate every object to v1 and prune [v1alpha1] from status.storedVersions (dry run: nothing changed)") {
-		t.Errorf("prepare --dry-run exited %d, want %d naming what it would do", code, cli.ExitBlocked)
-	}
-	drops.AssertStored(t, map[string]int{"v1alpha1": n})
-
-	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
-	out, _, code = restow(t, "prepare", "-f", dir, "--timeout", "5m")
-	for _, want := range []string{
-		drops.CRDName() + ": the restow operator migrates it",
-		drops.CRDName() + ": prepared: status.storedVersions lists v1 alone; the apply passes (server-side dry run: accepted)",
-		skipped.CRDName() + ": blocked, left as it is",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("prepare's output lacks %q", want)
-		}
-	}
-	if code != cli.ExitBlocked {
-		t.Errorf("prepare with a blocked CRD exited %d, want %d", code, cli.ExitBlocked)
-	}
-	drops.AssertAllStoredAt(t, "v1", n)
-	drops.AssertStoredVersions(t, "v1")
-	skipped.AssertStoredVersions(t, "v1alpha1")
-	skipped.AssertStored(t, map[string]int{"v1alpha1": 5})
-
-	// The release applies now, and every object reads at v1.
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: drops.CRDName()}, crd); err != nil {
-		t.Fatal(err)
-	}
-	crd.Spec.Versions = slices.DeleteFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name != "v1" })
-	if err := env.Client.Update(t.Context(), crd); err != nil {
-		t.Fatalf("the release's apply after prepare: %v", err)
-	}
-	list := drops.Object("v1", "", "", nil)
-	items := &unstructured.UnstructuredList{}
-	items.SetGroupVersionKind(list.GroupVersionKind())
-	if err := env.Client.List(t.Context(), items); err != nil || len(items.Items) != n {
-		t.Errorf("after the apply, listing at v1: %d objects, %v; want %d", len(items.Items), err, n)
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/restow/restow/internal/migrator"
@@ -39,10 +40,12 @@ hands each migration to it (a StorageMigration, or a new pass of the one
 there is) and follows it, so that one resource never has two migrations at
 once; elsewhere, or with --in-process, it migrates in this process as
 kubectl restow run does. A CRD that is blocked (the manifest drops the live
-storage version too) is left as it is.
+storage version too) is left as it is. A CRD that is blocked or whose
+migration fails does not stop the others.
 
-It exits 0 when every CRD then applies, %d when one is blocked, %d when a
-migration left objects it could not rewrite, %d on --timeout, 1 on an error.`, ExitBlocked, ExitPending, ExitTimeout),
+It exits 0 when every CRD then applies; otherwise with the weightiest
+outcome: 1 on an error, %d when one is blocked, %d when a migration left
+objects it could not rewrite (named, and nothing pruned); %d on --timeout.`, ExitBlocked, ExitPending, ExitTimeout),
 		Example: `  helm template my-release my-chart --include-crds | kubectl restow prepare -f -
   kubectl restow prepare -f config/crd/ -R --dry-run`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -79,57 +82,106 @@ migration left objects it could not rewrite, %d on --timeout, 1 on an error.`, E
 
 // prepare migrates every CRD of manifests that needs it, one at a time,
 // and judges each again after: the apply passes only once the API server's
-// dry run accepts it.
+// dry run accepts it. A CRD that is blocked, or whose migration fails, does
+// not stop the others; the exit code is the weightiest outcome (an error,
+// then blocked, then a migration that left objects behind). Only the end of
+// ctx (--timeout, an interrupt) stops the rest.
 func prepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams, manifests []preflight.Manifest, opts prepareOptions) error {
-	_, err := c.storageMigrations(ctx)
-	viaOperator := err == nil && !opts.inProcess
-	if err != nil && !errors.Is(err, errNotInstalled) {
+	viaOperator, err := c.handsToOperator(ctx, opts.inProcess)
+	if err != nil {
 		return err
 	}
+	var failed []error
 	blocked := false
 	for _, m := range manifests {
-		v, err := c.preflightOne(ctx, m)
-		if err != nil {
-			return err
-		}
-		switch {
-		case v.State == preflight.Blocked:
-			blocked = true
-			fmt.Fprintf(streams.Out, "%s: blocked, left as it is: %s\n", v.CRD, v.Reason)
-			continue
-		case v.State != preflight.NeedsPrepare:
-			fmt.Fprintf(streams.Out, "%s: %s, nothing to prepare: %s\n", v.CRD, v.State, v.Reason)
-			continue
-		case opts.dryRun:
-			fmt.Fprintf(streams.Out, "%s: would migrate every object to %s and prune %v from status.storedVersions (dry run: nothing changed)\n", v.CRD, v.Storage, v.Drops)
-			continue
-		}
-		if viaOperator {
-			fmt.Fprintf(streams.Out, "%s: the restow operator migrates it (restow's StorageMigration API is installed), so that it runs no second migration beside this one\n", v.CRD)
-			follow := opts.migrateOptions
-			follow.wait = true
-			err = requestMigration(ctx, c, streams, m.Name, follow)
-		} else {
-			fmt.Fprintf(streams.Out, "%s: migrating in this process\n", v.CRD)
-			err = run(ctx, c, streams, m.Name, runOptions{
-				prune: true, concurrency: migrator.DefaultConcurrency, pageSize: migrator.DefaultPageSize,
-				settleWindow: opts.settleWindow, lagBound: migrator.DefaultLagBound, lagLimit: migrator.DefaultLagLimit,
-			})
+		state, err := prepareOne(ctx, c, streams, m, opts, viaOperator)
+		if ctx.Err() != nil {
+			return errors.Join(err, ctx.Err())
 		}
 		if err != nil {
-			return err
+			fmt.Fprintf(streams.Out, "%s: not prepared: %s\n", m.Name, oneLine(err.Error()))
+			failed = append(failed, fmt.Errorf("%s: %w", m.Name, err))
 		}
-		after, err := c.preflightOne(ctx, m)
-		if err != nil {
-			return err
+		blocked = blocked || state == preflight.Blocked
+	}
+	if len(failed) > 0 {
+		code := ExitPending
+		for _, err := range failed {
+			if exit := (*exitError)(nil); !errors.As(err, &exit) || exit.code != ExitPending {
+				code = 1
+			}
 		}
-		if after.State != preflight.OK {
-			return &exitError{code: ExitPending, err: fmt.Errorf("%s: after the migration it is still %s: %s", after.CRD, after.State, after.Reason)}
+		if blocked && code == ExitPending {
+			code = ExitBlocked
 		}
-		fmt.Fprintf(streams.Out, "%s: prepared: status.storedVersions lists %s alone; the apply passes (server-side dry run: %s)\n", v.CRD, v.Storage, orDash(after.DryRun))
+		return &exitError{code: code, err: fmt.Errorf("%d of %d CRDs not prepared: %w", len(failed), len(manifests), errors.Join(failed...))}
 	}
 	if blocked {
 		return &exitError{code: ExitBlocked, err: errors.New("a CRD is blocked: prepare cannot let its apply through; see above")}
 	}
 	return nil
+}
+
+// handsToOperator says whether prepare hands its migrations to the restow
+// operator: where restow's StorageMigration API is installed, unless
+// inProcess. An API it may not read is an error: which of the two would run
+// the migration is then unknown.
+func (c *clients) handsToOperator(ctx context.Context, inProcess bool) (bool, error) {
+	if inProcess {
+		return false, nil
+	}
+	_, err := c.storageMigrations(ctx)
+	switch {
+	case errors.Is(err, errNotInstalled):
+		return false, nil
+	case apierrors.IsForbidden(err):
+		return false, fmt.Errorf("restow's StorageMigration API is installed, but this identity may not list StorageMigrations, so prepare cannot hand its migrations to the restow operator: grant get, list, watch, create and patch on storagemigrations.migration.restow.dev, or, where no restow operator runs, pass --in-process: %w", err)
+	case err != nil:
+		return false, err
+	}
+	return true, nil
+}
+
+// prepareOne judges m, migrates its CRD if it needs prepare, and judges it
+// again; it returns the state judged first.
+func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStreams, m preflight.Manifest, opts prepareOptions, viaOperator bool) (preflight.State, error) {
+	v, err := c.preflightOne(ctx, m)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case v.State == preflight.Blocked:
+		fmt.Fprintf(streams.Out, "%s: blocked, left as it is: %s\n", v.CRD, v.Reason)
+		return v.State, nil
+	case v.State != preflight.NeedsPrepare:
+		fmt.Fprintf(streams.Out, "%s: %s, nothing to prepare: %s\n", v.CRD, v.State, v.Reason)
+		return v.State, nil
+	case opts.dryRun:
+		fmt.Fprintf(streams.Out, "%s: would migrate every object to %s and prune %v from status.storedVersions (dry run: nothing changed)\n", v.CRD, v.Storage, v.Drops)
+		return v.State, nil
+	}
+	if viaOperator {
+		fmt.Fprintf(streams.Out, "%s: the restow operator migrates it (restow's StorageMigration API is installed), so that it runs no second migration beside this one\n", v.CRD)
+		follow := opts.migrateOptions
+		follow.wait = true
+		err = requestMigration(ctx, c, streams, m.Name, follow)
+	} else {
+		fmt.Fprintf(streams.Out, "%s: migrating in this process\n", v.CRD)
+		err = run(ctx, c, streams, m.Name, runOptions{
+			prune: true, concurrency: migrator.DefaultConcurrency, pageSize: migrator.DefaultPageSize,
+			settleWindow: opts.settleWindow, lagBound: migrator.DefaultLagBound, lagLimit: migrator.DefaultLagLimit,
+		})
+	}
+	if err != nil {
+		return v.State, err
+	}
+	after, err := c.preflightOne(ctx, m)
+	if err != nil {
+		return v.State, err
+	}
+	if after.State != preflight.OK {
+		return v.State, &exitError{code: ExitPending, err: fmt.Errorf("after the migration it is still %s: %s", after.State, after.Reason)}
+	}
+	fmt.Fprintf(streams.Out, "%s: prepared: status.storedVersions lists %s alone; the apply passes (server-side dry run: %s)\n", v.CRD, v.Storage, orDash(after.DryRun))
+	return v.State, nil
 }

@@ -1,0 +1,286 @@
+package cli_test
+
+import (
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/restow/restow/controllers"
+	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/operator"
+	"github.com/restow/restow/internal/testenv"
+)
+
+// releaseObjects is how many objects each CRD of the prepare tests holds.
+const releaseObjects = 2000
+
+// rich is an object's spec with fields of every kind, so that a read after
+// the apply shows whether any was lost.
+func rich(i int) map[string]any {
+	return map[string]any{
+		"n":       int64(i),
+		"label":   fmt.Sprintf("widget-%05d", i),
+		"enabled": i%2 == 0,
+		"nested":  map[string]any{"list": []any{"a", int64(i % 7)}, "ratio": "0.5"},
+	}
+}
+
+// assertEveryField lists fx's objects at version and checks that each has
+// the spec it was created with (rich).
+func assertEveryField(t *testing.T, fx testenv.Fixture, version string, keys []client.ObjectKey) {
+	t.Helper()
+	items := &unstructured.UnstructuredList{}
+	items.SetGroupVersionKind(fx.GVK(version))
+	if err := env.Client.List(t.Context(), items); err != nil {
+		t.Fatalf("listing %s at %s: %v", fx.CRDName(), version, err)
+	}
+	specs := map[client.ObjectKey]any{}
+	for _, o := range items.Items {
+		specs[client.ObjectKeyFromObject(&o)] = o.Object["spec"]
+	}
+	if len(specs) != len(keys) {
+		t.Errorf("%s lists %d objects at %s, want %d", fx.CRDName(), len(specs), version, len(keys))
+	}
+	for i, k := range keys {
+		if got := specs[k]; !reflect.DeepEqual(got, rich(i)) {
+			t.Errorf("%s %s at %s has spec %v, want %v", fx.CRDName(), k, version, got, rich(i))
+			return
+		}
+	}
+}
+
+// crdVersion is the resourceVersion of the live CRD, which moves with any
+// write to it, status included.
+func crdVersion(t *testing.T, name string) string {
+	t.Helper()
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: name}, crd); err != nil {
+		t.Fatal(err)
+	}
+	return crd.ResourceVersion
+}
+
+// recordWrites records every request but reads and dry runs that
+// kubectl-restow sends until the returned function is called, which
+// returns them.
+func recordWrites(t *testing.T) func() []string {
+	var mu sync.Mutex
+	var writes []string
+	restore := cli.SetWrapTransport(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTrip(func(req *http.Request) (*http.Response, error) {
+			if req.Method != http.MethodGet && req.URL.Query().Get("dryRun") != "All" {
+				mu.Lock()
+				writes = append(writes, req.Method+" "+req.URL.Path)
+				mu.Unlock()
+			}
+			return rt.RoundTrip(req)
+		})
+	})
+	t.Cleanup(restore)
+	return func() []string {
+		restore()
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(writes)
+	}
+}
+
+// TestPrepareReleases holds preflight and prepare (in this process, as
+// where no restow operator runs) to the cases of a CRD upgrade, each CRD
+// with 2,000 objects and etcd read before and after:
+//
+//	(a) a release that drops a stored version and keeps the live storage
+//	    version: the apply is refused, preflight says needs prepare (exit 2),
+//	    prepare migrates and prunes, the apply is accepted, and every object
+//	    reads with every field;
+//	(b) a release that changes nothing stored: ok, exit 0, and nothing sent
+//	    but reads and dry runs, by preflight and prepare alike;
+//	(c) a skipped release, which drops the live storage version: blocked
+//	    (exit 8), and prepare changes nothing, CRD and etcd as before;
+//	(d) a conversion webhook that refuses one object during prepare:
+//	    nothing pruned, the object named, the apply still refused.
+func TestPrepareReleases(t *testing.T) {
+	dir := t.TempDir()
+
+	t.Run("a: drops a stored version, keeps the live storage version", func(t *testing.T) {
+		fx := testenv.Fixture{Env: env, Group: "a.releases.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+		fx.Install(t, "v1alpha1", "v1")
+		keys := fx.CreateObjects(t, "v1alpha1", releaseObjects, rich, "releases-a", "releases-a2")
+		fx.SwitchStorage(t, "v1")
+		release := filepath.Join(dir, "a.yaml")
+		writeRelease(t, release, fx.CRDName(), "v1")
+
+		applyRelease(t, fx.CRDName(), "v1", "status.storedVersions[0]: Invalid value: \"v1alpha1\": missing from spec.versions")
+		out, _, code := restow(t, "preflight", "-f", release)
+		if code != cli.ExitPending || !strings.Contains(out, fx.CRDName()+": needs prepare: the manifest drops v1alpha1") {
+			t.Fatalf("preflight exited %d, want %d and needs prepare", code, cli.ExitPending)
+		}
+		out, _, code = restow(t, "prepare", "-f", release, "--in-process", "--settle-window", "2s")
+		if code != 0 || !strings.Contains(out, fx.CRDName()+": prepared: status.storedVersions lists v1 alone; the apply passes (server-side dry run: accepted)") {
+			t.Fatalf("prepare exited %d, want 0 and prepared", code)
+		}
+		fx.AssertAllStoredAt(t, "v1", releaseObjects)
+		fx.AssertStoredVersions(t, "v1")
+		applyAccepted(t, fx.CRDName(), "v1")
+		assertEveryField(t, fx, "v1", keys)
+	})
+
+	t.Run("b: changes nothing stored", func(t *testing.T) {
+		fx := testenv.Fixture{Env: env, Group: "b.releases.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+		fx.Install(t, "v1beta1")
+		fx.CreateObjects(t, "v1beta1", releaseObjects, rich, "releases-b")
+		release := filepath.Join(dir, "b.yaml")
+		// The next release adds v1 and keeps storing at v1beta1.
+		writeRelease(t, release, fx.CRDName(), "v1", "v1beta1")
+		before := crdVersion(t, fx.CRDName())
+
+		writes := recordWrites(t)
+		out, _, code := restow(t, "preflight", "-f", release)
+		if code != 0 || !strings.Contains(out, fx.CRDName()+": ok: the manifest keeps every version status.storedVersions lists (v1beta1)") || !strings.Contains(out, "server-side dry run: accepted") {
+			t.Errorf("preflight exited %d, want 0, ok and an accepted dry run", code)
+		}
+		out, _, code = restow(t, "prepare", "-f", release, "--in-process")
+		if code != 0 || !strings.Contains(out, fx.CRDName()+": ok, nothing to prepare") {
+			t.Errorf("prepare exited %d, want 0 and nothing to prepare", code)
+		}
+		if w := writes(); len(w) > 0 {
+			t.Errorf("preflight and prepare sent %v: want reads and dry runs only", w)
+		}
+		if after := crdVersion(t, fx.CRDName()); after != before {
+			t.Errorf("the CRD's resourceVersion moved from %s to %s", before, after)
+		}
+		fx.AssertAllStoredAt(t, "v1beta1", releaseObjects)
+	})
+
+	t.Run("c: a skipped release", func(t *testing.T) {
+		fx := testenv.Fixture{Env: env, Group: "c.releases.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+		fx.Install(t, "v1alpha1", "v1beta1")
+		fx.CreateObjects(t, "v1alpha1", releaseObjects, rich, "releases-c")
+		release := filepath.Join(dir, "c.yaml")
+		// Release N+2 keeps v1 alone; N (storage v1beta1) was never applied.
+		writeRelease(t, release, fx.CRDName(), "v1")
+		before := crdVersion(t, fx.CRDName())
+
+		out, _, code := restow(t, "preflight", "-f", release)
+		if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": blocked: the manifest drops v1alpha1, the live storage version") {
+			t.Errorf("preflight exited %d, want %d and blocked", code, cli.ExitBlocked)
+		}
+		out, _, code = restow(t, "prepare", "-f", release, "--in-process")
+		if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": blocked, left as it is") {
+			t.Errorf("prepare exited %d, want %d and left as it is", code, cli.ExitBlocked)
+		}
+		if after := crdVersion(t, fx.CRDName()); after != before {
+			t.Errorf("the CRD's resourceVersion moved from %s to %s: prepare wrote it", before, after)
+		}
+		fx.AssertAllStoredAt(t, "v1alpha1", releaseObjects)
+		fx.AssertStoredVersions(t, "v1alpha1")
+	})
+
+	t.Run("d: a conversion webhook refuses one object during prepare", func(t *testing.T) {
+		hook := testenv.StartConversionWebhook(t, func(*unstructured.Unstructured, string) error { return nil })
+		fx := testenv.Fixture{Env: env, Group: "d.releases.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true, Conversion: hook.Conversion()}
+		fx.Install(t, "v1alpha1", "v1")
+		fx.CreateObjects(t, "v1alpha1", releaseObjects, rich, "releases-d")
+		fx.SwitchStorage(t, "v1")
+		const refused = "obj-01234"
+		hook.Refuse(true, refused)
+		release := filepath.Join(dir, "d.yaml")
+		writeRelease(t, release, fx.CRDName(), "v1")
+
+		out, _, code := restow(t, "prepare", "-f", release, "--in-process", "--settle-window", "2s")
+		if code != cli.ExitPending || !strings.Contains(out, fx.CRDName()+": not prepared") || !strings.Contains(out, refused) {
+			t.Errorf("prepare exited %d, want %d, not prepared, and %s named", code, cli.ExitPending, refused)
+		}
+		fx.AssertStored(t, map[string]int{"v1": releaseObjects - 1, "v1alpha1": 1})
+		fx.AssertStoredVersions(t, "v1alpha1", "v1")
+		applyRelease(t, fx.CRDName(), "v1", "status.storedVersions[0]: Invalid value: \"v1alpha1\": missing from spec.versions")
+	})
+}
+
+// applyAccepted applies the release that keeps version alone, which the API
+// server must accept.
+func applyAccepted(t *testing.T, name, version string) {
+	t.Helper()
+	if err := env.UpdateCRD(t.Context(), name, func(crd *apiextensionsv1.CustomResourceDefinition) {
+		crd.Spec.Versions = slices.DeleteFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name != version })
+	}); err != nil {
+		t.Fatalf("the release's apply after prepare: %v", err)
+	}
+}
+
+// TestPrepare (e): several CRDs, of which one is blocked, prepared with the
+// operator running. prepare hands each that needs it to the operator, which
+// migrates every object (checked in etcd) and prunes; their applies are
+// then accepted and every object reads with every field. The blocked one is
+// left as it is, CRD and etcd alike, and the exit code says not all could be
+// prepared.
+func TestPrepare(t *testing.T) {
+	var needing []testenv.Fixture
+	keys := map[string][]client.ObjectKey{}
+	for _, name := range []string{"one", "two"} {
+		fx := testenv.Fixture{Env: env, Group: name + ".prepare.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+		fx.Install(t, "v1alpha1", "v1")
+		keys[fx.CRDName()] = fx.CreateObjects(t, "v1alpha1", releaseObjects, rich, "prepare-"+name)
+		fx.SwitchStorage(t, "v1")
+		widgets{group: fx.Group}.deleteMigrationsAtEnd(t)
+		needing = append(needing, fx)
+	}
+	skipped := testenv.Fixture{Env: env, Group: "skipped.prepare.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	skipped.Install(t, "v1alpha1", "v1beta1")
+	skipped.CreateObjects(t, "v1alpha1", releaseObjects, rich, "prepare-skipped")
+	dir := t.TempDir()
+	for _, fx := range needing {
+		writeRelease(t, filepath.Join(dir, fx.Group+".yaml"), fx.CRDName(), "v1")
+	}
+	// The blocked CRD first: prepare goes on past it.
+	writeRelease(t, filepath.Join(dir, "0-skipped.yaml"), skipped.CRDName(), "v1")
+	skippedBefore := crdVersion(t, skipped.CRDName())
+
+	out, _, code := restow(t, "prepare", "-f", dir, "--dry-run")
+	for _, fx := range needing {
+		if !strings.Contains(out, fx.CRDName()+": would migrate every object to v1 and prune [v1alpha1] from status.storedVersions (dry run: nothing changed)") {
+			t.Errorf("prepare --dry-run does not say what it would do to %s", fx.CRDName())
+		}
+		fx.AssertStored(t, map[string]int{"v1alpha1": releaseObjects})
+	}
+	if code != cli.ExitBlocked {
+		t.Errorf("prepare --dry-run exited %d, want %d", code, cli.ExitBlocked)
+	}
+
+	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
+	out, _, code = restow(t, "prepare", "-f", dir, "--timeout", "5m")
+	wants := []string{skipped.CRDName() + ": blocked, left as it is"}
+	for _, fx := range needing {
+		wants = append(wants,
+			fx.CRDName()+": the restow operator migrates it",
+			fx.CRDName()+": prepared: status.storedVersions lists v1 alone; the apply passes (server-side dry run: accepted)")
+	}
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("prepare's output lacks %q", want)
+		}
+	}
+	if code != cli.ExitBlocked {
+		t.Errorf("prepare with a blocked CRD exited %d, want %d", code, cli.ExitBlocked)
+	}
+	for _, fx := range needing {
+		fx.AssertAllStoredAt(t, "v1", releaseObjects)
+		fx.AssertStoredVersions(t, "v1")
+		applyAccepted(t, fx.CRDName(), "v1")
+		assertEveryField(t, fx, "v1", keys[fx.CRDName()])
+	}
+	if after := crdVersion(t, skipped.CRDName()); after != skippedBefore {
+		t.Errorf("the blocked CRD's resourceVersion moved from %s to %s", skippedBefore, after)
+	}
+	skipped.AssertStoredVersions(t, "v1alpha1")
+	skipped.AssertAllStoredAt(t, "v1alpha1", releaseObjects)
+}
