@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
@@ -30,13 +32,20 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
 )
 
 // crdAuthorDir holds the Helm hook of docs/crd-authors.md: a Job that runs
 // `kubectl restow run` from restow's image, and its ServiceAccount and RBAC.
 const crdAuthorDir = "samples/crd-author"
+
+// crdTemplate is the template of a CRD author's chart that applies the CRD
+// kept in files/, as docs/crd-authors.md shows it.
+const crdTemplate = `{{ .Files.Get "files/crontabs.yaml" }}
+`
 
 // crdAuthorsDoc is the guide that shows the files of crdAuthorDir.
 const crdAuthorsDoc = "../docs/crd-authors.md"
@@ -65,8 +74,8 @@ func TestCRDAuthorHook(t *testing.T) {
 	const name, namespace = "crontab-operator", "crontab-operator"
 	before := readChartFile(t, "samples/crontabs/crd-storage-v1beta1.yaml")
 	switched := readChartFile(t, "samples/crontabs/crd-storage-v1.yaml")
-	first := authorChart(t, "1.0.0", before)
-	second := authorChart(t, "2.0.0", switched)
+	first := authorChart(t, "1.0.0", before, true)
+	second := authorChart(t, "2.0.0", switched, true)
 
 	crdName := "crontabs.stable.example.com"
 	fx := testenv.Fixture{Env: env, Group: "stable.example.com", Kind: "CronTab", Plural: "crontabs", Namespaced: true}
@@ -78,6 +87,7 @@ func TestCRDAuthorHook(t *testing.T) {
 	other.Install(t, "v1beta1", "v1")
 
 	jobKey := client.ObjectKey{Namespace: namespace, Name: name + "-restow-run"}
+	prepareKey := client.ObjectKey{Namespace: namespace, Name: name + "-restow-prepare"}
 	cfg := helmConfig(t, namespace)
 	t.Cleanup(func() {
 		// Uninstalling deletes the CRD, which is a template, with its objects.
@@ -95,12 +105,12 @@ func TestCRDAuthorHook(t *testing.T) {
 	install := action.NewInstall(cfg)
 	install.ReleaseName, install.Namespace, install.CreateNamespace = name, namespace, true
 	install.WaitStrategy, install.Timeout = kube.HookOnlyStrategy, 2*time.Minute
-	run, err := withJobStandIn(t, jobKey, nil, func() error {
+	runs, err := withJobStandIn(t, namespace, nil, func() error {
 		_, err := install.RunWithContext(ctx, first, nil)
 		return err
 	})
-	if err != nil || run.code != 0 {
-		t.Fatalf("helm install: %v; the hook exited %d", err, run.code)
+	if run := runs[jobKey.Name]; err != nil || run.code != 0 || len(runs) != 1 {
+		t.Fatalf("helm install: %v; the hooks ran %+v, want the run hook alone, exit 0", err, runs)
 	}
 	assertGone(t, hookObjects(name, namespace)...)
 
@@ -136,7 +146,11 @@ func TestCRDAuthorHook(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		run, err := withJobStandIn(t, jobKey, nil, upgrade)
+		runs, err := withJobStandIn(t, namespace, nil, upgrade)
+		if prep := runs[prepareKey.Name]; prep.code != 0 || !strings.Contains(prep.out, crdName+": ok, nothing to prepare") {
+			t.Errorf("the pre-upgrade prepare hook exited %d, want 0 and nothing to prepare: the release keeps v1beta1", prep.code)
+		}
+		run := runs[jobKey.Name]
 		if err == nil || run.code != cli.ExitPending {
 			t.Fatalf("helm upgrade with a frozen object: %v; the hook exited %d, want a failed upgrade and exit %d", err, run.code, cli.ExitPending)
 		}
@@ -163,11 +177,14 @@ func TestCRDAuthorHook(t *testing.T) {
 
 	t.Run("the upgrade again: every object at v1, v1beta1 pruned, hooks deleted", func(t *testing.T) {
 		checked := false
-		run, err := withJobStandIn(t, jobKey, func(job *batchv1.Job) {
-			assertHookRBACIsTight(t, job, crdName, other.CRDName())
-			checked = true
+		runs, err := withJobStandIn(t, namespace, func(job *batchv1.Job) {
+			if job.Name == jobKey.Name {
+				assertHookRBACIsTight(t, job, crdName, other.CRDName())
+				checked = true
+			}
 		}, upgrade)
-		if err != nil || run.code != 0 {
+		run := runs[jobKey.Name]
+		if err != nil || run.code != 0 || runs[prepareKey.Name].code != 0 {
 			t.Fatalf("helm upgrade: %v; the hook exited %d", err, run.code)
 		}
 		if !checked {
@@ -190,6 +207,130 @@ func TestCRDAuthorHook(t *testing.T) {
 	})
 }
 
+// TestCRDAuthorPrepareHook: release 3.0.0 of a CRD author's chart drops
+// v1beta1, which status.storedVersions still lists: release 2.0.0 switched
+// the storage to v1, and nothing migrated the 2,000 objects written before.
+// Upgraded with Helm's Go API, the release without restow's hooks fails on
+// the API server's refusal and changes nothing; the same release with the
+// hooks of config/samples/crd-author upgrades: the pre-upgrade prepare hook
+// (its versions read from the chart's CRD) hands the migration to restow's
+// operator, every object is stored at v1 (read in etcd) and reads with
+// every field, and the CRD keeps v1 alone.
+func TestCRDAuthorPrepareHook(t *testing.T) {
+	ctx := t.Context()
+	const name, namespace = "crontab-prepare", "crontab-prepare"
+	fx := testenv.Fixture{Env: env, Group: "stable.example.com", Kind: "CronTab", Plural: "crontabs", Namespaced: true}
+	crdName := fx.CRDName()
+	cfg := helmConfig(t, namespace)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := cfg.Releases.Last(name); err == nil {
+			uninstallChart(t, cfg, name)
+		}
+		if err := env.DeleteCRD(ctx, crdName); err != nil {
+			t.Error(err)
+		}
+	})
+	upgrade := func(ch *chart.Chart) error {
+		up := action.NewUpgrade(helmConfig(t, namespace))
+		up.Namespace, up.WaitStrategy, up.Timeout = namespace, kube.HookOnlyStrategy, 3*time.Minute
+		_, err := up.RunWithContext(ctx, name, ch, nil)
+		return err
+	}
+
+	// Releases 1.0.0 (storage v1beta1) and 2.0.0 (storage v1), without
+	// restow's hooks, and objects written in between.
+	install := action.NewInstall(cfg)
+	install.ReleaseName, install.Namespace, install.CreateNamespace = name, namespace, true
+	install.WaitStrategy, install.Timeout = kube.HookOnlyStrategy, 2*time.Minute
+	if _, err := install.RunWithContext(ctx, authorChart(t, "1.0.0", readChartFile(t, "samples/crontabs/crd-storage-v1beta1.yaml"), false), nil); err != nil {
+		t.Fatalf("helm install: %v", err)
+	}
+	const n = 2000
+	spec := func(i int) map[string]any {
+		return map[string]any{"cronSpec": fmt.Sprintf("*/%d * * * *", i%59+1), "image": fmt.Sprintf("registry.example.com/job:%d", i), "replicas": int64(i % 5)}
+	}
+	keys := fx.CreateObjects(t, "v1beta1", n, spec, "crontab-prepare-a", "crontab-prepare-b")
+	if err := upgrade(authorChart(t, "2.0.0", readChartFile(t, "samples/crontabs/crd-storage-v1.yaml"), false)); err != nil {
+		t.Fatalf("helm upgrade to 2.0.0: %v", err)
+	}
+	fx.AssertStoredVersions(t, "v1beta1", "v1")
+	fx.AssertAllStoredAt(t, "v1beta1", n)
+
+	removed := readChartFile(t, "samples/crontabs/crd-v1beta1-removed.yaml")
+	err := upgrade(authorChart(t, "3.0.0", removed, false))
+	if err == nil || !strings.Contains(err.Error(), `status.storedVersions[0]: Invalid value: "v1beta1": missing from spec.versions`) {
+		t.Fatalf("helm upgrade to 3.0.0 without the hooks: %v, want the API server's refusal", err)
+	}
+	t.Logf("helm upgrade to 3.0.0 without the hooks: %v", err)
+	fx.AssertStoredVersions(t, "v1beta1", "v1")
+	fx.AssertAllStoredAt(t, "v1beta1", n)
+
+	// restow's operator beside the chart, with its API: prepare hands the
+	// migration to it.
+	ensureRestowCRD(t)
+	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
+	t.Cleanup(func() { deleteMigration(t, crdName) })
+	runs, err := withJobStandIn(t, namespace, nil, func() error { return upgrade(authorChart(t, "3.0.0", removed, true)) })
+	if err != nil {
+		t.Fatalf("helm upgrade to 3.0.0 with the hooks: %v; the hooks ran %+v", err, runs)
+	}
+	prep := runs[name+"-restow-prepare"]
+	for _, want := range []string{
+		crdName + ": the restow operator migrates it",
+		crdName + ": prepared: status.storedVersions lists v1 alone; the apply passes",
+	} {
+		if !strings.Contains(prep.out, want) {
+			t.Errorf("the prepare hook's output lacks %q", want)
+		}
+	}
+	if prep.code != 0 || runs[name+"-restow-run"].code != 0 {
+		t.Errorf("the hooks exited %d (prepare) and %d (run), want 0", prep.code, runs[name+"-restow-run"].code)
+	}
+	fx.AssertAllStoredAt(t, "v1", n)
+	fx.AssertStoredVersions(t, "v1")
+	crd := fx.CRD(t)
+	if len(crd.Spec.Versions) != 1 || crd.Spec.Versions[0].Name != "v1" {
+		t.Errorf("after the upgrade the CRD has versions %+v, want v1 alone", crd.Spec.Versions)
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(fx.GVK("v1"))
+	if err := env.Client.List(ctx, list); err != nil {
+		t.Fatal(err)
+	}
+	got := map[client.ObjectKey]any{}
+	for _, o := range list.Items {
+		got[client.ObjectKeyFromObject(&o)] = o.Object["spec"]
+	}
+	for i, k := range keys {
+		if !reflect.DeepEqual(got[k], spec(i)) {
+			t.Fatalf("%s at v1 has spec %v, want %v (%d objects listed)", k, got[k], spec(i), len(got))
+		}
+	}
+	assertGone(t, hookObjects(name, namespace)...)
+}
+
+// ensureRestowCRD installs restow's StorageMigration CRD unless the
+// chart's tests left it (its resource-policy is keep), and deletes it at
+// the end if it installed it.
+func ensureRestowCRD(t *testing.T) {
+	t.Helper()
+	const restowCRD = "storagemigrations.migration.restow.dev"
+	err := env.Client.Get(t.Context(), client.ObjectKey{Name: restowCRD}, &apiextensionsv1.CustomResourceDefinition{})
+	if !apierrors.IsNotFound(err) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.UnmarshalStrict(readChartFile(t, "crd/bases/migration.restow.dev_storagemigrations.yaml"), crd); err != nil {
+		t.Fatal(err)
+	}
+	env.InstallCRDForTest(t, crd)
+}
+
 // hookRun is one run of the hook Job's command.
 type hookRun struct {
 	code int
@@ -197,36 +338,56 @@ type hookRun struct {
 }
 
 // withJobStandIn runs a Helm action while standing in for the Job
-// controller and the kubelet of the hook Job at key (actAsJobController),
-// and returns the hook's run and the action's error.
-func withJobStandIn(t *testing.T, key client.ObjectKey, check func(*batchv1.Job), action func() error) (hookRun, error) {
+// controller and the kubelet of every hook Job Helm creates in namespace
+// meanwhile (actAsJobController), and returns each Job's run by name and
+// the action's error.
+func withJobStandIn(t *testing.T, namespace string, check func(*batchv1.Job), action func() error) (map[string]hookRun, error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	ran := make(chan hookRun, 1)
+	ran := make(chan map[string]hookRun, 1)
 	// A short settle window: no write is held on the old storage here.
-	go func() { ran <- actAsJobController(ctx, t, key, check, "--settle-window=2s") }()
+	go func() { ran <- actAsJobController(ctx, t, namespace, check, "--settle-window=2s") }()
 	err := action()
 	cancel()
 	return <-ran, err
 }
 
-// actAsJobController waits for Helm to create the hook Job (one that has not
-// finished: not the one a failed run left), runs check on it, runs its
-// container's command in-process as the Job's service account with extra
-// arguments, and writes the outcome into the Job's status as the Job
-// controller does with backoffLimit 0: Complete after exit 0, Failed after
-// any other.
-func actAsJobController(ctx context.Context, t *testing.T, key client.ObjectKey, check func(*batchv1.Job), extra ...string) hookRun {
-	job := &batchv1.Job{}
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, key, job)
-		return err == nil && !jobHas(job, batchv1.JobComplete) && !jobHas(job, batchv1.JobFailed), client.IgnoreNotFound(err)
-	})
-	if err != nil {
-		t.Errorf("Helm created no hook Job %s: %v", key, err)
-		return hookRun{code: -1}
+// actAsJobController, until ctx ends, waits for Helm to create a hook Job
+// in namespace (one that has not finished: not the one a failed run left),
+// runs check on it, runs its container's command in-process as the Job's
+// service account with extra arguments, and writes the outcome into the
+// Job's status as the Job controller does with backoffLimit 0: Complete
+// after exit 0, Failed after any other. It returns each Job's run by name.
+func actAsJobController(ctx context.Context, t *testing.T, namespace string, check func(*batchv1.Job), extra ...string) map[string]hookRun {
+	runs := map[string]hookRun{}
+	done := map[types.UID]bool{}
+	for {
+		job := &batchv1.Job{}
+		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			var jobs batchv1.JobList
+			if err := env.Client.List(ctx, &jobs, client.InNamespace(namespace)); err != nil {
+				return false, err
+			}
+			for i := range jobs.Items {
+				j := &jobs.Items[i]
+				if !done[j.UID] && !jobHas(j, batchv1.JobComplete) && !jobHas(j, batchv1.JobFailed) {
+					*job = *j
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return runs
+		}
+		done[job.UID] = true
+		runs[job.Name] = runJob(ctx, t, job, check, extra...)
 	}
+}
+
+// runJob runs job's command as the Job controller and the kubelet would.
+func runJob(ctx context.Context, t *testing.T, job *batchv1.Job, check func(*batchv1.Job), extra ...string) hookRun {
 	spec := job.Spec.Template.Spec
 	if len(spec.Containers) != 1 || !slices.Equal(spec.Containers[0].Command, []string{"/kubectl-restow"}) {
 		t.Errorf("the hook Job runs %+v, want one container running the image's /kubectl-restow", spec.Containers)
@@ -340,7 +501,10 @@ func assertHookRBACIsTight(t *testing.T, job *batchv1.Job, crdName, otherCRD str
 		{attrs{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: job.Namespace}, false},
 		{attrs{Verb: "get", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: "default"}, false},
 		{attrs{Verb: "create", Group: "storagemigration.k8s.io", Resource: "storageversionmigrations"}, false},
-		{attrs{Verb: "list", Group: "migration.restow.dev", Resource: "storagemigrations"}, false},
+		{attrs{Verb: "list", Group: "migration.restow.dev", Resource: "storagemigrations"}, true},
+		{attrs{Verb: "create", Group: "migration.restow.dev", Resource: "storagemigrations"}, true},
+		{attrs{Verb: "delete", Group: "migration.restow.dev", Resource: "storagemigrations"}, false},
+		{attrs{Verb: "update", Group: "migration.restow.dev", Resource: "storagemigrations", Subresource: "status"}, false},
 		{attrs{Verb: "list", Group: "crd-author.config.restow.dev", Resource: "gadgets"}, false},
 	} {
 		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
@@ -392,6 +556,7 @@ func hookObjects(release, namespace string) []client.Object {
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name}},
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name}},
+		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release + "-restow-prepare"}},
 	}
 }
 
@@ -418,22 +583,26 @@ func readChartFile(t *testing.T, path string) []byte {
 }
 
 // authorChart writes the chart a CRD author ships, as a directory, and loads
-// it as `helm install ./crontab-operator` does: the CRD as a template (Helm
-// never upgrades the CRDs of crds/) and the files of config/samples/crd-author
-// as they are.
-func authorChart(t *testing.T, version string, crd []byte) *chart.Chart {
+// it as `helm install ./crontab-operator` does: the CRD in files/, which a
+// template includes (Helm never upgrades the CRDs of crds/, and the prepare
+// hook reads the versions from files/), and, with hooks, the files of
+// config/samples/crd-author as they are.
+func authorChart(t *testing.T, version string, crd []byte, hooks bool) *chart.Chart {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "crontab-operator")
 	files := map[string][]byte{
 		"Chart.yaml":              fmt.Appendf(nil, "apiVersion: v2\nname: crontab-operator\nversion: %s\n", version),
-		"templates/crontabs.yaml": crd,
+		"files/crontabs.yaml":     crd,
+		"templates/crontabs.yaml": []byte(crdTemplate),
 	}
 	entries, err := os.ReadDir(crdAuthorDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		files["templates/"+e.Name()] = readChartFile(t, filepath.Join(crdAuthorDir, e.Name()))
+		if hooks {
+			files["templates/"+e.Name()] = readChartFile(t, filepath.Join(crdAuthorDir, e.Name()))
+		}
 	}
 	for path, data := range files {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, path)), 0o755); err != nil {
@@ -490,7 +659,7 @@ func TestCRDAuthorsDocShowsTheSamples(t *testing.T) {
 	}
 
 	// Rendered as a chart's templates, every object decodes strictly.
-	r, err := templateChart(authorChart(t, "1.0.0", readChartFile(t, "samples/crontabs/crd-storage-v1.yaml")), "crontab-operator", "crontab-operator", nil)
+	r, err := templateChart(authorChart(t, "1.0.0", readChartFile(t, "samples/crontabs/crd-storage-v1.yaml"), true), "crontab-operator", "crontab-operator", nil)
 	if err != nil {
 		t.Fatalf("helm template: %v", err)
 	}
@@ -511,8 +680,9 @@ func TestCRDAuthorsDocShowsTheSamples(t *testing.T) {
 			}
 		}
 	}
-	// Roles and RoleBindings in kube-system (Leases) and default (EndpointSlices).
-	want := map[string]int{"Job": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2, "RoleBinding": 2}
+	// The run and prepare Jobs; Roles and RoleBindings in kube-system
+	// (Leases) and default (EndpointSlices).
+	want := map[string]int{"Job": 2, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2, "RoleBinding": 2}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Errorf("the hooks rendered %v, want %v", kinds, want)
 	}

@@ -44,8 +44,10 @@ storage version too) is left as it is. A CRD that is blocked or whose
 migration fails does not stop the others.
 
 It exits 0 when every CRD then applies; otherwise with the weightiest
-outcome: 1 on an error, %d when one is blocked, %d when a migration left
-objects it could not rewrite (named, and nothing pruned); %d on --timeout.`, ExitBlocked, ExitPending, ExitTimeout),
+outcome: 1 on an error, %d when no operator answered where its API is
+installed, %d when one is blocked, %d when a migration left objects it could
+not rewrite (named, and nothing pruned); %d on --timeout, which stops the
+rest.`, ExitNoOperator, ExitBlocked, ExitPending, ExitTimeout),
 		Example: `  helm template my-release my-chart --include-crds | kubectl restow prepare -f -
   kubectl restow prepare -f config/crd/ -R --dry-run`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -105,14 +107,18 @@ func prepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 		blocked = blocked || state == preflight.Blocked
 	}
 	if len(failed) > 0 {
-		code := ExitPending
-		for _, err := range failed {
-			if exit := (*exitError)(nil); !errors.As(err, &exit) || exit.code != ExitPending {
-				code = 1
-			}
-		}
-		if blocked && code == ExitPending {
+		code := 0
+		if blocked {
 			code = ExitBlocked
+		}
+		for _, err := range failed {
+			c := 1
+			if exit := (*exitError)(nil); errors.As(err, &exit) {
+				c = exit.code
+			}
+			if prepareWeight[c] > prepareWeight[code] {
+				code = c
+			}
 		}
 		return &exitError{code: code, err: fmt.Errorf("%d of %d CRDs not prepared: %w", len(failed), len(manifests), errors.Join(failed...))}
 	}
@@ -121,6 +127,11 @@ func prepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 	}
 	return nil
 }
+
+// prepareWeight orders prepare's exit codes, lightest first: objects a
+// migration could not rewrite, a blocked CRD, no operator answering, an
+// error (any code not listed).
+var prepareWeight = map[int]int{0: 0, ExitPending: 1, ExitBlocked: 2, ExitNoOperator: 3, 1: 4}
 
 // handsToOperator says whether prepare hands its migrations to the restow
 // operator: where restow's StorageMigration API is installed, unless
@@ -182,6 +193,14 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 	if after.State != preflight.OK {
 		return v.State, &exitError{code: ExitPending, err: fmt.Errorf("after the migration it is still %s: %s", after.State, after.Reason)}
 	}
-	fmt.Fprintf(streams.Out, "%s: prepared: status.storedVersions lists %s alone; the apply passes (server-side dry run: %s)\n", v.CRD, v.Storage, orDash(after.DryRun))
+	fmt.Fprintf(streams.Out, "%s: prepared: status.storedVersions lists %s alone; the apply passes (server-side dry run: %s)\n", v.CRD, v.Storage, dryRunSaid(after.DryRun))
 	return v.State, nil
+}
+
+// dryRunSaid is what a verdict's dry run said, or why none was made.
+func dryRunSaid(dryRun string) string {
+	if dryRun == "" {
+		return "none: --keep gives versions, not a manifest"
+	}
+	return dryRun
 }
