@@ -101,8 +101,9 @@ lint: $(GOLANGCI_LINT) lint-workflows ## Run golangci-lint and actionlint.
 
 # The workflows run only on GitHub: this is the one check they get before.
 .PHONY: lint-workflows
-lint-workflows: $(ACTIONLINT) ## Check .github/workflows with actionlint.
+lint-workflows: $(ACTIONLINT) ## Check .github/workflows and the sample workflow of config/samples/ci with actionlint.
 	$(ACTIONLINT)
+	$(ACTIONLINT) config/samples/ci/*.yaml
 
 .PHONY: verify
 verify: generate manifests api-docs ## Regenerate, check formatting and go.mod, fail on any difference from git.
