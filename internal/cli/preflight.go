@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -16,6 +17,7 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/preflight"
+	"github.com/restow/restow/internal/verify"
 )
 
 // ExitBlocked is preflight's and prepare's exit code for a CRD whose apply
@@ -40,6 +42,10 @@ func (o *manifestFlags) add(cmd *cobra.Command) {
 type preflightOptions struct {
 	manifestFlags
 	output string
+	// etcd, when --etcd-endpoints is given, is read for the objects stored
+	// at each version a manifest drops.
+	etcd     etcdFlags
+	readEtcd bool
 }
 
 func newPreflightCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -63,9 +69,12 @@ spec.versions" before). For each CRD it says, on one line:
                  reason, with what would unblock it
   new            the cluster has no such CRD
 
-A server-side dry run of each CRD (dryRun=All) confirms the verdict.
+A server-side dry run of each CRD (dryRun=All) confirms the verdict. Given
+--etcd-endpoints (and verify's other etcd flags), it also reads etcd and says
+how many objects are stored at each version of a CRD whose manifest drops
+one; a read that does not hold every object the API lists exits %d.
 preflight writes nothing. It exits 0 when every CRD is ok or new, %d when
-one needs prepare, %d when one is blocked, 1 on an error.`, ExitPending, ExitBlocked),
+one needs prepare, %d when one is blocked, 1 on an error.`, ExitUnaccounted, ExitPending, ExitBlocked),
 		Example: `  helm template my-release my-chart --include-crds | kubectl restow preflight -f -
   kubectl restow preflight -f config/crd/ -R
   kubectl restow preflight --keep crontabs.stable.example.com=v1`,
@@ -84,11 +93,24 @@ one needs prepare, %d when one is blocked, 1 on an error.`, ExitPending, ExitBlo
 			if err != nil {
 				return err
 			}
-			return runPreflight(cmd.Context(), c, streams.Out, manifests, opts.output)
+			var etcd verify.Reader
+			if opts.readEtcd = cmd.Flags().Changed("etcd-endpoints"); opts.readEtcd {
+				if err := opts.etcd.validate(); err != nil {
+					return err
+				}
+				client, err := opts.etcd.open(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer func() { _ = client.Close() }()
+				etcd = client.KV
+			}
+			return runPreflight(cmd.Context(), c, streams.Out, manifests, opts.output, etcdRead{etcd, opts.etcd.scan})
 		},
 	}
 	opts.add(cmd)
 	addOutputFlag(cmd, &opts.output)
+	opts.etcd.add(cmd.Flags())
 	return cmd
 }
 
@@ -118,13 +140,24 @@ type preflightOutput struct {
 	CRDs []preflight.Verdict `json:"crds"`
 }
 
-func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []preflight.Manifest, output string) error {
+// etcdRead is the etcd preflight reads, if any, and how.
+type etcdRead struct {
+	reader verify.Reader
+	scan   verify.ScanOptions
+}
+
+func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []preflight.Manifest, output string, etcd etcdRead) error {
 	out := preflightOutput{}
 	worst := preflight.OK
 	for _, m := range manifests {
 		v, err := c.preflightOne(ctx, m)
 		if err != nil {
 			return err
+		}
+		if etcd.reader != nil && len(v.Drops) > 0 {
+			if v.Etcd, err = c.storedInEtcd(ctx, etcd, m.Name); err != nil {
+				return err
+			}
 		}
 		out.CRDs = append(out.CRDs, v)
 		if v.State.Weight() > worst.Weight() {
@@ -140,6 +173,12 @@ func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []pref
 			fmt.Fprintf(w, "%s: %s: %s\n", v.CRD, v.State, v.Reason)
 			if v.DryRun != "" {
 				fmt.Fprintf(w, "  server-side dry run: %s\n", v.DryRun)
+			}
+			if v.Etcd != nil {
+				fmt.Fprintf(w, "  etcd holds %s\n", v.Etcd)
+			}
+			for _, warning := range v.Warnings {
+				fmt.Fprintf(w, "  warning: %s\n", warning)
 			}
 		}
 	}
@@ -169,6 +208,11 @@ func (c *clients) preflightOne(ctx context.Context, m preflight.Manifest) (prefl
 		return preflight.Verdict{}, err
 	}
 	v := preflight.Judge(m, &live)
+	if v.Bridge != "" {
+		if err := c.fieldCheck(ctx, crd, &v); err != nil {
+			return preflight.Verdict{}, err
+		}
+	}
 	if m.CRD == nil {
 		return v, nil
 	}
@@ -226,4 +270,47 @@ func (c *clients) lastPassAt(ctx context.Context, crd *apiextensionsv1.CustomRes
 	}
 	p := migrations[i].Status.LastPass
 	return fmt.Sprintf("restow's StorageMigration %s rewrote all %d objects to %s at %s", migrations[i].Name, p.Listed, version, p.CompletionTime.UTC().Format("2006-01-02T15:04:05Z")), nil
+}
+
+// storedInEtcd counts the objects of CRD name by the version etcd holds
+// them at, held against the API's count at the same revision as verify
+// holds it: a read that does not hold every object the API lists proves
+// nothing, and ends preflight with ExitUnaccounted.
+func (c *clients) storedInEtcd(ctx context.Context, etcd etcdRead, name string) (*preflight.Stored, error) {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		return nil, fmt.Errorf("reading CRD %s: %w", name, err)
+	}
+	gr := schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
+	api := verify.APIView{Group: gr.Group, Kind: crd.Spec.Names.Kind, CRD: crdView(crd)}
+	listed, err := c.discoverStorage(gr, &api)
+	if err != nil {
+		return nil, err
+	}
+	scan := etcd.scan
+	scan.APICount = c.apiCount(listed)
+	report, err := verify.Scan(ctx, etcd.reader, gr, true, scan)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s in etcd: %w", gr, err)
+	}
+	j := verify.Judge(report, api, verify.Expectations{})
+	if j.Unaccounted() {
+		return nil, &exitError{code: ExitUnaccounted, err: fmt.Errorf("etcd's read of %s does not hold every object the API lists, so it proves nothing: %s", gr, findingsOf(j, verify.Unaccounted))}
+	}
+	stored := &preflight.Stored{Revision: report.Revision, Versions: map[string]int{}}
+	for label, count := range report.Versions {
+		stored.Versions[strings.TrimPrefix(label, gr.Group+"/")] = count.Objects
+	}
+	return stored, nil
+}
+
+// findingsOf joins the messages of j's findings of severity s.
+func findingsOf(j verify.Judgement, s verify.Severity) string {
+	var out []string
+	for _, f := range j.Findings {
+		if f.Severity == s {
+			out = append(out, f.Message)
+		}
+	}
+	return strings.Join(out, "; ")
 }

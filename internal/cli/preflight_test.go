@@ -60,7 +60,7 @@ func TestPreflight(t *testing.T) {
 		drops.CRDName() + ": needs prepare: the manifest drops v1alpha1, which status.storedVersions still lists: kubectl restow prepare migrates every object to v1, the live storage version, and prunes status.storedVersions to [v1]; the apply then passes",
 		same.CRDName() + ": ok: the manifest keeps every version status.storedVersions lists (v1beta1)",
 		skipped.CRDName() + ": blocked: the manifest drops v1alpha1, the live storage version, as a skipped release or a downgrade does",
-		"(none here: no version the live CRD serves is in the manifest)",
+		"and no version the live CRD serves is in the manifest to carry the objects across",
 		"gadgets.new.preflight.restow.dev: new: no such CRD in the cluster: the apply creates it",
 		"server-side dry run: refused: CustomResourceDefinition.apiextensions.k8s.io \"" + drops.CRDName() + "\" is invalid: status.storedVersions[0]: Invalid value: \"v1alpha1\": missing from spec.versions",
 	} {

@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/preflight"
@@ -167,9 +169,28 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 	case v.State != preflight.NeedsPrepare:
 		fmt.Fprintf(streams.Out, "%s: %s, nothing to prepare: %s\n", v.CRD, v.State, v.Reason)
 		return v.State, nil
+	case opts.dryRun && v.Bridge != "":
+		fmt.Fprintf(streams.Out, "%s: would make %s the live storage version (no field of any object is lost at it: checked), migrate every object to it and prune status.storedVersions to [%s] (dry run: nothing changed)\n", v.CRD, v.Bridge, v.Bridge)
+		return v.State, nil
 	case opts.dryRun:
 		fmt.Fprintf(streams.Out, "%s: would migrate every object to %s and prune %v from status.storedVersions (dry run: nothing changed)\n", v.CRD, v.Storage, v.Drops)
 		return v.State, nil
+	}
+	for _, warning := range v.Warnings {
+		fmt.Fprintf(streams.ErrOut, "Warning: %s: %s\n", v.CRD, warning)
+	}
+	target := v.Storage
+	if v.Bridge != "" {
+		target = v.Bridge
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := c.client.Get(ctx, client.ObjectKey{Name: m.Name}, crd); err != nil {
+			return v.State, err
+		}
+		manager, err := c.switchStorage(ctx, crd, v.Bridge)
+		if err != nil {
+			return v.State, err
+		}
+		fmt.Fprintf(streams.Out, "%s: made %s the live storage version in place of %s (as field manager %s, which owns spec.versions), after checking that no object loses a field at it\n", v.CRD, v.Bridge, v.Storage, manager)
 	}
 	if viaOperator {
 		fmt.Fprintf(streams.Out, "%s: the restow operator migrates it (restow's StorageMigration API is installed), so that it runs no second migration beside this one\n", v.CRD)
@@ -184,7 +205,7 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 		})
 	}
 	if err != nil {
-		return v.State, err
+		return v.State, errors.Join(err, c.flippedBack(ctx, m.Name, target))
 	}
 	after, err := c.preflightOne(ctx, m)
 	if err != nil {
@@ -193,7 +214,7 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 	if after.State != preflight.OK {
 		return v.State, &exitError{code: ExitPending, err: fmt.Errorf("after the migration it is still %s: %s", after.State, after.Reason)}
 	}
-	fmt.Fprintf(streams.Out, "%s: prepared: status.storedVersions lists %s alone; the apply passes (server-side dry run: %s)\n", v.CRD, v.Storage, dryRunSaid(after.DryRun))
+	fmt.Fprintf(streams.Out, "%s: prepared: status.storedVersions lists %s alone; the apply passes (server-side dry run: %s)\n", v.CRD, target, dryRunSaid(after.DryRun))
 	return v.State, nil
 }
 
@@ -203,4 +224,30 @@ func dryRunSaid(dryRun string) string {
 		return "none: --keep gives versions, not a manifest"
 	}
 	return dryRun
+}
+
+// flippedBack says, after a migration to version failed, whether the CRD's
+// storage version moved away from it meanwhile (an owner re-applying the
+// old CRD: an operator that manages its CRDs, a GitOps self-heal), and
+// who wrote it; nil if it did not.
+func (c *clients) flippedBack(ctx context.Context, name, version string) error {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		return nil
+	}
+	live := preflight.LiveOf(crd)
+	if live.Storage == version {
+		return nil
+	}
+	writer := "another client"
+	if len(crd.ManagedFields) > 0 {
+		latest := crd.ManagedFields[0]
+		for _, e := range crd.ManagedFields[1:] {
+			if e.Time != nil && (latest.Time == nil || latest.Time.Before(e.Time)) {
+				latest = e
+			}
+		}
+		writer = "field manager " + latest.Manager
+	}
+	return fmt.Errorf("the storage version of CRD %s went from %s to %s while prepare migrated (last written by %s): nothing was pruned. Something re-applies the old CRD (an operator that manages its own CRDs, a GitOps self-heal): pause it, then run prepare again", name, version, live.Storage, writer)
 }

@@ -120,9 +120,17 @@ func TestPrepareReleases(t *testing.T) {
 		writeRelease(t, release, fx.CRDName(), "v1")
 
 		applyRelease(t, fx.CRDName(), "v1", "status.storedVersions[0]: Invalid value: \"v1alpha1\": missing from spec.versions")
-		out, _, code := restow(t, "preflight", "-f", release)
+		// With etcd's flags, preflight says what etcd holds.
+		out, _, code := restow(t, "preflight", "-f", release, "--etcd-endpoints", env.EtcdURL())
 		if code != cli.ExitPending || !strings.Contains(out, fx.CRDName()+": needs prepare: the manifest drops v1alpha1") {
 			t.Fatalf("preflight exited %d, want %d and needs prepare", code, cli.ExitPending)
+		}
+		if want := fmt.Sprintf("  etcd holds %d objects at v1alpha1 (etcd revision ", releaseObjects); !strings.Contains(out, want) {
+			t.Errorf("preflight with --etcd-endpoints does not say %q", want)
+		}
+		// A read of etcd that proves nothing is no answer: exit 7.
+		if _, stderr, code := restow(t, "preflight", "-f", release, "--etcd-endpoints", env.EtcdURL(), "--etcd-prefix", "/kubernetes.io"); code != cli.ExitUnaccounted || !strings.Contains(stderr, "holds no key under /kubernetes.io/") {
+			t.Errorf("preflight with a prefix that holds nothing exited %d, want %d", code, cli.ExitUnaccounted)
 		}
 		out, _, code = restow(t, "prepare", "-f", release, "--in-process", "--settle-window", "2s")
 		if code != 0 || !strings.Contains(out, fx.CRDName()+": prepared: status.storedVersions lists v1 alone; the apply passes (server-side dry run: accepted)") {
@@ -202,6 +210,10 @@ func TestPrepareReleases(t *testing.T) {
 		}
 		fx.AssertStored(t, map[string]int{"v1": releaseObjects - 1, "v1alpha1": 1})
 		fx.AssertStoredVersions(t, "v1alpha1", "v1")
+		out, _, _ = restow(t, "preflight", "-f", release, "--etcd-endpoints", env.EtcdURL())
+		if want := fmt.Sprintf("  etcd holds %d objects at v1, 1 at v1alpha1 (etcd revision ", releaseObjects-1); !strings.Contains(out, want) {
+			t.Errorf("preflight after the failed prepare does not say %q", want)
+		}
 		applyRelease(t, fx.CRDName(), "v1", "status.storedVersions[0]: Invalid value: \"v1alpha1\": missing from spec.versions")
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -48,15 +49,60 @@ const (
 const minEtcdRequestBytes = 4096
 
 type verifyOptions struct {
-	all            bool
-	output         string
-	expect         verify.Expectations
-	expectKey      string
+	all       bool
+	output    string
+	expect    verify.Expectations
+	expectKey string
+	etcdFlags
+}
+
+// etcdFlags are the etcd client flags verify and preflight take, as
+// etcdctl's, with the scan's prefix and value bound.
+type etcdFlags struct {
 	scan           verify.ScanOptions
 	endpoints      []string
 	cacert         string
 	cert, key      string
 	connectTimeout time.Duration
+}
+
+func (o *etcdFlags) add(flags *pflag.FlagSet) {
+	flags.Int64Var(&o.scan.MaxValueBytes, "etcd-max-request-bytes", verify.DefaultMaxValueBytes, "etcd's --max-request-bytes: no stored value is larger, so a page of values stays within "+fmt.Sprint(verify.MaxPageBytes>>20)+" MiB.")
+	flags.StringSliceVar(&o.endpoints, "etcd-endpoints", []string{"127.0.0.1:2379"}, "etcd's client URLs, as etcdctl's --endpoints.")
+	flags.StringVar(&o.cacert, "etcd-cacert", "", "CA bundle that signed etcd's serving certificate, as etcdctl's --cacert.")
+	flags.StringVar(&o.cert, "etcd-cert", "", "Client certificate for etcd, as etcdctl's --cert.")
+	flags.StringVar(&o.key, "etcd-key", "", "Client certificate's key for etcd, as etcdctl's --key.")
+	flags.StringVar(&o.scan.Prefix, "etcd-prefix", verify.DefaultPrefix, "The API server's --etcd-prefix.")
+	flags.DurationVar(&o.connectTimeout, "etcd-dial-timeout", 5*time.Second, "How long to wait for etcd to answer.")
+}
+
+func (o etcdFlags) validate() error {
+	switch {
+	case (o.cert == "") != (o.key == ""):
+		return errors.New("--etcd-cert and --etcd-key go together")
+	case len(o.endpoints) == 0:
+		return errors.New("--etcd-endpoints is empty")
+	}
+	return errors.Join(
+		// etcd takes no request below a few KiB; a page holds one value of
+		// the most bytes at least.
+		between("etcd-max-request-bytes", o.scan.MaxValueBytes, minEtcdRequestBytes, verify.MaxPageBytes),
+		positive("etcd-dial-timeout", o.connectTimeout),
+	)
+}
+
+// open dials etcd and checks that it answers and holds keys under the
+// prefix; the caller closes it.
+func (o etcdFlags) open(ctx context.Context) (*clientv3.Client, error) {
+	etcd, err := o.dialEtcd()
+	if err != nil {
+		return nil, err
+	}
+	if err := o.reachable(ctx, etcd.KV); err != nil {
+		_ = etcd.Close()
+		return nil, err
+	}
+	return etcd, nil
 }
 
 // etcdDialOptions are added to the etcd client's gRPC dial options: the
@@ -107,14 +153,11 @@ is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitUn
 			if err != nil {
 				return err
 			}
-			etcd, err := opts.dialEtcd()
+			etcd, err := opts.open(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer func() { _ = etcd.Close() }()
-			if err := opts.reachable(cmd.Context(), etcd.KV); err != nil {
-				return err
-			}
 			return runVerify(cmd.Context(), c, etcd.KV, streams, args, opts)
 		},
 	}
@@ -125,13 +168,7 @@ is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitUn
 	flags.IntVar(&opts.scan.Names, "names", verify.DefaultNames, "How many object names to show per count (0: none).")
 	flags.Float64Var(&opts.scan.Rate, "rate", 0, "Most objects read from etcd per second (0: no limit), so that a busy etcd is not starved.")
 	flags.Int64Var(&opts.scan.PageSize, "page-size", verify.DefaultPageSize, fmt.Sprintf("Most values read from etcd per request; never more than %d MiB divided by --etcd-max-request-bytes.", verify.MaxPageBytes>>20))
-	flags.Int64Var(&opts.scan.MaxValueBytes, "etcd-max-request-bytes", verify.DefaultMaxValueBytes, "etcd's --max-request-bytes: no stored value is larger, so a page of values stays within "+fmt.Sprint(verify.MaxPageBytes>>20)+" MiB.")
-	flags.StringSliceVar(&opts.endpoints, "etcd-endpoints", []string{"127.0.0.1:2379"}, "etcd's client URLs, as etcdctl's --endpoints.")
-	flags.StringVar(&opts.cacert, "etcd-cacert", "", "CA bundle that signed etcd's serving certificate, as etcdctl's --cacert.")
-	flags.StringVar(&opts.cert, "etcd-cert", "", "Client certificate for etcd, as etcdctl's --cert.")
-	flags.StringVar(&opts.key, "etcd-key", "", "Client certificate's key for etcd, as etcdctl's --key.")
-	flags.StringVar(&opts.scan.Prefix, "etcd-prefix", verify.DefaultPrefix, "The API server's --etcd-prefix.")
-	flags.DurationVar(&opts.connectTimeout, "etcd-dial-timeout", 5*time.Second, "How long to wait for etcd to answer.")
+	opts.etcdFlags.add(flags)
 	addOutputFlag(cmd, &opts.output)
 	return cmd
 }
@@ -144,21 +181,12 @@ func (o verifyOptions) validate(args []string) error {
 		return errors.New("verify needs a RESOURCE (such as crontabs.stable.example.com or secrets) or --all")
 	case slices.ContainsFunc(args, func(a string) bool { return strings.TrimSpace(a) == "" }):
 		return errors.New("a RESOURCE argument is empty")
-	case (o.cert == "") != (o.key == ""):
-		return errors.New("--etcd-cert and --etcd-key go together")
-	case len(o.endpoints) == 0:
-		return errors.New("--etcd-endpoints is empty")
 	}
-	for _, err := range []error{
-		between("page-size", o.scan.PageSize, 1, maxPageSize),
-		// etcd takes no request below a few KiB; a page holds one value of
-		// the most bytes at least.
-		between("etcd-max-request-bytes", o.scan.MaxValueBytes, minEtcdRequestBytes, verify.MaxPageBytes),
-		positive("etcd-dial-timeout", o.connectTimeout),
-	} {
-		if err != nil {
-			return err
-		}
+	if err := o.etcdFlags.validate(); err != nil {
+		return err
+	}
+	if err := between("page-size", o.scan.PageSize, 1, maxPageSize); err != nil {
+		return err
 	}
 	if o.scan.Names < 0 {
 		return fmt.Errorf("--names must be 0 (none) or more, got %d", o.scan.Names)
@@ -171,7 +199,7 @@ func (o verifyOptions) validate(args []string) error {
 
 // dialEtcd connects to etcd as etcdctl would with the same flags. The client
 // is handed on as a verify.Reader: range reads only.
-func (o verifyOptions) dialEtcd() (*clientv3.Client, error) {
+func (o etcdFlags) dialEtcd() (*clientv3.Client, error) {
 	cfg := clientv3.Config{
 		Endpoints:   o.endpoints,
 		DialTimeout: o.connectTimeout,
@@ -197,7 +225,7 @@ func (o verifyOptions) dialEtcd() (*clientv3.Client, error) {
 // --etcd-dial-timeout: an etcd that does not answer, or refuses the
 // certificates, ends the command there rather than hanging the first scan,
 // and a prefix under which etcd holds nothing is not the API server's.
-func (o verifyOptions) reachable(ctx context.Context, etcd verify.Reader) error {
+func (o etcdFlags) reachable(ctx context.Context, etcd verify.Reader) error {
 	ctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
 	defer cancel()
 	prefix := strings.TrimSuffix(o.scan.Prefix, "/") + "/"

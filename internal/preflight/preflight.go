@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +35,9 @@ type Manifest struct {
 	// marked storage ("" when --keep gave the versions alone).
 	Versions []string `json:"versions"`
 	Storage  string   `json:"storage,omitempty"`
+	// Served are the versions it serves; nil when --keep gave the
+	// versions alone.
+	Served []string `json:"served,omitempty"`
 	// Source says where it was read: a file and the document's index, or
 	// --keep.
 	Source string `json:"source"`
@@ -140,6 +144,9 @@ func decode(raw []byte, source string) ([]Manifest, error) {
 			if v.Storage {
 				m.Storage = v.Name
 			}
+			if v.Served {
+				m.Served = append(m.Served, v.Name)
+			}
 		}
 		if m.Name == "" || len(m.Versions) == 0 {
 			return nil, fmt.Errorf("%s: a CustomResourceDefinition without a name or versions", m.Source)
@@ -212,10 +219,43 @@ type Verdict struct {
 	Drops []string `json:"drops,omitempty"`
 	// Storage is the live storage version.
 	Storage string `json:"liveStorageVersion,omitempty"`
+	// Bridge, for a manifest that drops the live storage version, is the
+	// version prepare makes the live storage version and migrates to.
+	Bridge string `json:"bridge,omitempty"`
+	// Warnings are what the user should know that does not change the
+	// state.
+	Warnings []string `json:"warnings,omitempty"`
 	// DryRun says what the API server answered a server-side dry run of
 	// the manifest: "accepted", "refused: ...", or "" when none was made.
 	DryRun string `json:"dryRun,omitempty"`
-	Source string `json:"source"`
+	// Etcd is what etcd holds of the resource, when preflight read it.
+	Etcd   *Stored `json:"etcd,omitempty"`
+	Source string  `json:"source"`
+}
+
+// Stored is what a read of etcd found: how many objects are stored at each
+// version, at one revision, held against the API's count there.
+type Stored struct {
+	Revision int64          `json:"revision"`
+	Versions map[string]int `json:"versions"`
+}
+
+// String says it in a line: "20 objects at v1alpha1, 3 at v1 (etcd
+// revision 812)".
+func (s Stored) String() string {
+	if len(s.Versions) == 0 {
+		return fmt.Sprintf("no object (etcd revision %d)", s.Revision)
+	}
+	versions := slices.Sorted(maps.Keys(s.Versions))
+	parts := make([]string, 0, len(versions))
+	for i, v := range versions {
+		unit := ""
+		if i == 0 {
+			unit = " objects"
+		}
+		parts = append(parts, fmt.Sprintf("%d%s at %s", s.Versions[v], unit, v))
+	}
+	return fmt.Sprintf("%s (etcd revision %d)", strings.Join(parts, ", "), s.Revision)
 }
 
 // Judge says what applying m needs, given the live CRD (nil when the
@@ -243,25 +283,21 @@ func Judge(m Manifest, live *Live) Verdict {
 			v.Reason += "; " + live.Migrated
 		}
 	default:
-		v.State = Blocked
-		v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version, as a skipped release or a downgrade does (status.storedVersions lists %s): objects are stored at it, so the API server refuses the apply. A version both the live CRD serves and the manifest lists, made the live storage version and migrated to, would bridge it%s; restow does not do that yet: apply the release in between first",
-			live.Storage, strings.Join(live.StoredVersions, ", "), bridges(m, live))
-	}
-	return v
-}
-
-// bridges names the versions that could carry the objects across.
-func bridges(m Manifest, live *Live) string {
-	var common []string
-	for _, v := range live.Served {
-		if slices.Contains(m.Versions, v) {
-			common = append(common, v)
+		c, unserved, ok := Bridge(m, *live)
+		if !ok {
+			v.State = Blocked
+			v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version, as a skipped release or a downgrade does (status.storedVersions lists %s), and no version the live CRD serves is in the manifest to carry the objects across: the API server refuses the apply. Apply a release in between that lists a version both sides know, first",
+				live.Storage, strings.Join(live.StoredVersions, ", "))
+			return v
+		}
+		v.State, v.Bridge = NeedsPrepare, c
+		v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version, as a skipped release or a downgrade does (status.storedVersions lists %s): kubectl restow prepare makes %s (served by both) the live storage version, once no field of any object would be lost at it, migrates every object to it and prunes status.storedVersions to [%s]; the apply then passes",
+			live.Storage, strings.Join(live.StoredVersions, ", "), c, c)
+		if unserved {
+			v.Warnings = append(v.Warnings, fmt.Sprintf("the manifest lists %s with served: false: the new release's conversion must still read objects stored at it", c))
 		}
 	}
-	if len(common) == 0 {
-		return " (none here: no version the live CRD serves is in the manifest)"
-	}
-	return " (here: " + strings.Join(common, ", ") + ")"
+	return v
 }
 
 // Weight orders states for the exit code: the weightiest CRD decides.

@@ -18,8 +18,8 @@ func TestJudge(t *testing.T) {
 	}{
 		{"keeps every stored version", []string{"v1alpha1", "v1", "v2"}, live, OK, "keeps every version status.storedVersions lists (v1alpha1, v1)"},
 		{"drops a stored version, keeps the storage version", []string{"v1", "v2"}, live, NeedsPrepare, "drops v1alpha1, which status.storedVersions still lists: kubectl restow prepare migrates every object to v1"},
-		{"drops the storage version: a skipped release", []string{"v2"}, live, Blocked, "drops v1, the live storage version"},
-		{"a downgrade with a common version", []string{"v1alpha1"}, live, Blocked, "(here: v1alpha1)"},
+		{"drops the storage version, no common version", []string{"v2"}, live, Blocked, "drops v1, the live storage version, as a skipped release or a downgrade does (status.storedVersions lists v1alpha1, v1), and no version the live CRD serves is in the manifest"},
+		{"a downgrade with a common version", []string{"v1alpha1"}, live, NeedsPrepare, "kubectl restow prepare makes v1alpha1 (served by both) the live storage version"},
 		{"not in the cluster", []string{"v1"}, nil, New, "the apply creates it"},
 	} {
 		v := Judge(Manifest{Name: "x.example.com", Versions: tc.versions}, tc.live)

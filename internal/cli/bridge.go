@@ -1,0 +1,291 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsac "k8s.io/apiextensions-apiserver/pkg/client/applyconfiguration/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
+
+	"github.com/restow/restow/internal/preflight"
+)
+
+// shownLosses is how many objects a field check names.
+const shownLosses = 10
+
+// fieldCheck proves, before prepare writes anything, that no object of crd
+// loses a field when it is stored at v.Bridge: every object is read at
+// every version it may be stored at (status.storedVersions and the storage
+// version) and at the bridge, and what the bridge does not return is lost
+// (the API server prunes what a version's schema lacks, silently); and each
+// object, as stored at the live storage version, is sent to the bridge in
+// a server-side dry run with strict field validation, which names fields
+// the bridge's schema does not declare and refuses objects it would not
+// accept. Anything lost or refused makes v blocked, naming the objects and
+// fields, never their values. A CRD whose conversion is a webhook is
+// blocked too: the API server's reads say what the webhook returns, not
+// what a round trip through it keeps.
+func (c *clients) fieldCheck(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict) error {
+	block := func(format string, args ...any) {
+		v.State = preflight.Blocked
+		v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version; ", v.Storage) + fmt.Sprintf(format, args...)
+	}
+	if conv := crd.Spec.Conversion; conv != nil && conv.Strategy == apiextensionsv1.WebhookConverter {
+		block("its conversion is a webhook, and restow cannot prove yet that a round trip through it to %s keeps every field: apply a release in between that keeps %s first", v.Bridge, v.Storage)
+		return nil
+	}
+	live := preflight.LiveOf(crd)
+	versions := slices.Clone(live.StoredVersions)
+	if !slices.Contains(versions, live.Storage) {
+		versions = append(versions, live.Storage)
+	}
+	for _, version := range versions {
+		if !slices.Contains(live.Served, version) {
+			block("objects may be stored at %s, which the live CRD does not serve, so restow cannot read them to prove that %s keeps every field: serve %s, or apply a release in between first", version, v.Bridge, version)
+			return nil
+		}
+	}
+	if loss := preflight.SchemaLoss(crd, versions, v.Bridge); len(loss) > 0 {
+		v.Warnings = append(v.Warnings, fmt.Sprintf("the schema of %s lacks fields other versions allow (%s): no object sets one now (checked), but one written with it before the migration ends would lose it", v.Bridge, strings.Join(loss, "; ")))
+	}
+
+	gvr := schema.GroupVersionResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
+	kind := crd.Spec.Names.Kind
+	at := func(version string) (map[client.ObjectKey]*unstructured.Unstructured, error) {
+		return c.listAll(ctx, schema.GroupVersionKind{Group: gvr.Group, Version: version, Kind: kind})
+	}
+	bridged, err := at(v.Bridge)
+	if err != nil {
+		return err
+	}
+	losses := map[client.ObjectKey][]string{}
+	var stored map[client.ObjectKey]*unstructured.Unstructured
+	for _, version := range versions {
+		if version == v.Bridge {
+			continue
+		}
+		objs, err := at(version)
+		if err != nil {
+			return err
+		}
+		if version == live.Storage {
+			stored = objs
+		}
+		for key, o := range objs {
+			b, ok := bridged[key]
+			if !ok {
+				continue // created or deleted between the two lists
+			}
+			if missing := preflight.Missing(preflight.FieldPaths(o.Object), preflight.FieldPaths(b.Object)); len(missing) > 0 {
+				losses[key] = appendNew(losses[key], missing...)
+			}
+		}
+	}
+	refused, err := c.strictDryRuns(ctx, stored, v.Bridge)
+	if err != nil {
+		return err
+	}
+	for key, fields := range refused {
+		losses[key] = appendNew(losses[key], fields...)
+	}
+	if len(losses) == 0 {
+		return nil
+	}
+	keys := make([]client.ObjectKey, 0, len(losses))
+	for k := range losses {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b client.ObjectKey) int { return strings.Compare(a.String(), b.String()) })
+	var named []string
+	for _, k := range keys[:min(len(keys), shownLosses)] {
+		named = append(named, fmt.Sprintf("%s (%s)", strings.TrimPrefix(k.String(), "/"), strings.Join(losses[k], ", ")))
+	}
+	block("%d objects would lose fields or be refused at %s, the only version that could carry them across: %s. Nothing was changed. Apply a release that keeps %s, or move those fields out of the objects, first",
+		len(keys), v.Bridge, strings.Join(named, "; "), v.Storage)
+	return nil
+}
+
+// appendNew appends the items of more that list lacks.
+func appendNew(list []string, more ...string) []string {
+	for _, m := range more {
+		if !slices.Contains(list, m) {
+			list = append(list, m)
+		}
+	}
+	return list
+}
+
+// listAll lists every object of gvk, in pages.
+func (c *clients) listAll(ctx context.Context, gvk schema.GroupVersionKind) (map[client.ObjectKey]*unstructured.Unstructured, error) {
+	out := map[client.ObjectKey]*unstructured.Unstructured{}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(gvk)
+	for {
+		if err := c.client.List(ctx, list, client.Limit(500), client.Continue(list.GetContinue())); err != nil {
+			return nil, fmt.Errorf("listing %s: %w", gvk, err)
+		}
+		for i := range list.Items {
+			o := &list.Items[i]
+			out[client.ObjectKeyFromObject(o)] = o
+		}
+		if list.GetContinue() == "" {
+			return out, nil
+		}
+	}
+}
+
+// strictDryRuns sends every object of objs, relabelled at version, as a
+// server-side dry-run update with strict field validation, and returns,
+// by object, the fields the API server names for each it refuses.
+func (c *clients) strictDryRuns(ctx context.Context, objs map[client.ObjectKey]*unstructured.Unstructured, version string) (map[client.ObjectKey][]string, error) {
+	var mu sync.Mutex
+	refused := map[client.ObjectKey][]string{}
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for key, o := range objs {
+		g.Go(func() error {
+			fields, err := c.strictDryRun(ctx, o, version)
+			if err != nil || len(fields) == 0 {
+				return err
+			}
+			mu.Lock()
+			refused[key] = fields
+			mu.Unlock()
+			return nil
+		})
+	}
+	return refused, g.Wait()
+}
+
+func (c *clients) strictDryRun(ctx context.Context, stored *unstructured.Unstructured, version string) ([]string, error) {
+	obj := stored.DeepCopy()
+	gvk := obj.GroupVersionKind()
+	gvk.Version = version
+	obj.SetGroupVersionKind(gvk)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		err := c.client.Update(ctx, obj.DeepCopy(), client.DryRunAll, client.FieldValidation(metav1.FieldValidationStrict))
+		if apierrors.IsConflict(err) {
+			// Written meanwhile: check what is there now.
+			fresh := stored.DeepCopy()
+			if gerr := c.client.Get(ctx, client.ObjectKeyFromObject(stored), fresh); gerr != nil {
+				return gerr
+			}
+			obj = fresh
+			obj.SetGroupVersionKind(gvk)
+		}
+		return err
+	})
+	switch {
+	case err == nil, apierrors.IsNotFound(err):
+		return nil, nil
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
+		return refusedFields(err), nil
+	}
+	return nil, fmt.Errorf("dry run of %s at %s: %w", client.ObjectKeyFromObject(stored), version, err)
+}
+
+// refusedFields names the fields an API error is about, without the values
+// its message may quote: the causes' fields, or the unknown fields of a
+// strict decoding error.
+func refusedFields(err error) []string {
+	var out []string
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Details != nil {
+		for _, cause := range status.Status().Details.Causes {
+			if cause.Field != "" {
+				out = appendNew(out, strings.TrimPrefix(cause.Field, ".")+" ("+string(cause.Type)+")")
+			}
+		}
+	}
+	msg := err.Error()
+	for rest := msg; ; {
+		i := strings.Index(rest, `unknown field "`)
+		if i < 0 {
+			break
+		}
+		rest = rest[i+len(`unknown field "`):]
+		end := strings.Index(rest, `"`)
+		if end < 0 {
+			break
+		}
+		out = appendNew(out, strings.TrimPrefix(rest[:end], ".")+" (unknown at the bridge)")
+		rest = rest[end:]
+	}
+	if len(out) == 0 {
+		out = append(out, "refused ("+string(apierrors.ReasonForError(err))+")")
+	}
+	return out
+}
+
+// switchStorage makes version the storage version of the live CRD, as the
+// field manager that owns spec.versions, so that the user's next apply (a
+// server-side apply by Helm 4 or kubectl, or a client-side one) meets no
+// conflict: an Apply owner's fields are applied again as they are, with
+// the storage flags moved; an Update owner's write is an update under its
+// name. It returns the manager it wrote as.
+func (c *clients) switchStorage(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, version string) (string, error) {
+	owner, op := versionsOwner(crd)
+	if op == metav1.ManagedFieldsOperationApply {
+		ac, err := apiextensionsac.ExtractCustomResourceDefinition(crd, owner)
+		if err != nil {
+			return "", fmt.Errorf("reading what %s applied to CRD %s: %w", owner, crd.Name, err)
+		}
+		if ac.Spec == nil || len(ac.Spec.Versions) == 0 {
+			return "", fmt.Errorf("field manager %s owns spec.versions of CRD %s but applied none", owner, crd.Name)
+		}
+		for i := range ac.Spec.Versions {
+			ac.Spec.Versions[i].Storage = ptr.To(ptr.Deref(ac.Spec.Versions[i].Name, "") == version)
+		}
+		// The name is the field manager's own: no conflict with itself.
+		if err := c.client.Apply(ctx, ac, client.FieldOwner(owner)); err != nil {
+			return "", fmt.Errorf("making %s the storage version of CRD %s as field manager %s: %w", version, crd.Name, owner, err)
+		}
+		return owner, nil
+	}
+	updated := crd.DeepCopy()
+	for i := range updated.Spec.Versions {
+		updated.Spec.Versions[i].Storage = updated.Spec.Versions[i].Name == version
+	}
+	if err := c.client.Update(ctx, updated, client.FieldOwner(owner)); err != nil {
+		return "", fmt.Errorf("making %s the storage version of CRD %s: %w", version, crd.Name, err)
+	}
+	return owner, nil
+}
+
+// versionsOwner is the field manager that owns spec.versions of crd (the
+// latest, if several do) and how it wrote it; kubectl-restow with Update
+// when none does.
+func versionsOwner(crd *apiextensionsv1.CustomResourceDefinition) (string, metav1.ManagedFieldsOperationType) {
+	path := fieldpath.MakePathOrDie("spec", "versions")
+	owner, op := "kubectl-restow", metav1.ManagedFieldsOperationUpdate
+	var latest *metav1.Time
+	for _, e := range crd.ManagedFields {
+		if e.Subresource != "" || e.FieldsV1 == nil {
+			continue
+		}
+		set := &fieldpath.Set{}
+		if err := set.FromJSON(strings.NewReader(string(e.FieldsV1.Raw))); err != nil || !set.Has(path) {
+			continue
+		}
+		if latest == nil || (e.Time != nil && latest.Before(e.Time)) {
+			owner, op, latest = e.Manager, e.Operation, e.Time
+			if latest == nil {
+				latest = &metav1.Time{}
+			}
+		}
+	}
+	return owner, op
+}

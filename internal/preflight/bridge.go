@@ -1,0 +1,169 @@
+package preflight
+
+import (
+	"slices"
+	"sort"
+	"strings"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+)
+
+// Bridge chooses the version that carries the objects across a manifest
+// that drops the live storage version (a skipped release, a downgrade):
+// one the live CRD serves (discovery shows no hash for an unserved
+// version, and the proof for several API servers needs it) and the
+// manifest lists. It prefers the manifest's storage version, then the
+// versions the manifest serves, in its order, then those it lists with
+// served: false; for the last, unserved says so (the new release's
+// conversion must still read it). ok is false when there is none.
+func Bridge(m Manifest, live Live) (version string, unserved bool, ok bool) {
+	servedLive := func(v string) bool { return slices.Contains(live.Served, v) }
+	if m.Storage != "" && servedLive(m.Storage) {
+		return m.Storage, false, true
+	}
+	for _, v := range m.Versions {
+		if servedLive(v) && (m.Served == nil || slices.Contains(m.Served, v)) {
+			return v, false, true
+		}
+	}
+	for _, v := range m.Versions {
+		if servedLive(v) {
+			return v, true, true
+		}
+	}
+	return "", false, false
+}
+
+// LostFields lists the fields the schema from allows and the schema to
+// does not: an object at from that sets one loses it when the API server
+// decodes it at to without conversion (pruning). A field under
+// x-kubernetes-preserve-unknown-fields in to is kept; under it in from,
+// the schema does not say which fields there are (the objects do). Paths
+// are dotted, with [] for an array's items and {} for a map's values;
+// apiVersion, kind and metadata are the API server's and left out.
+func LostFields(from, to *apiextensionsv1.JSONSchemaProps) []string {
+	var lost []string
+	var walk func(path string, f, t *apiextensionsv1.JSONSchemaProps)
+	walk = func(path string, f, t *apiextensionsv1.JSONSchemaProps) {
+		if f == nil || t == nil || preserves(t) {
+			return
+		}
+		names := make([]string, 0, len(f.Properties))
+		for name := range f.Properties {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			if path == "" && (name == "apiVersion" || name == "kind" || name == "metadata") {
+				continue
+			}
+			child := join(path, name)
+			fp := f.Properties[name]
+			tp, ok := t.Properties[name]
+			switch {
+			case ok:
+				walk(child, &fp, &tp)
+			case t.AdditionalProperties != nil && t.AdditionalProperties.Schema != nil:
+				walk(child, &fp, t.AdditionalProperties.Schema)
+			case t.AdditionalProperties != nil && t.AdditionalProperties.Allows:
+			default:
+				lost = append(lost, child)
+			}
+		}
+		if f.Items != nil && f.Items.Schema != nil && t.Items != nil && t.Items.Schema != nil {
+			walk(path+"[]", f.Items.Schema, t.Items.Schema)
+		}
+		if f.AdditionalProperties != nil && f.AdditionalProperties.Schema != nil {
+			switch {
+			case t.AdditionalProperties != nil && t.AdditionalProperties.Schema != nil:
+				walk(path+"{}", f.AdditionalProperties.Schema, t.AdditionalProperties.Schema)
+			case t.AdditionalProperties == nil && len(t.Properties) == 0 && t.Type == "object":
+				lost = append(lost, path+"{}")
+			}
+		}
+	}
+	walk("", from, to)
+	return lost
+}
+
+func preserves(s *apiextensionsv1.JSONSchemaProps) bool {
+	return s.XPreserveUnknownFields != nil && *s.XPreserveUnknownFields
+}
+
+func join(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path + "." + name
+}
+
+// FieldPaths lists the paths of every leaf and empty container in obj (an
+// object's content as JSON decodes it), in the notation of LostFields,
+// metadata, apiVersion and kind left out.
+func FieldPaths(obj map[string]any) []string {
+	var out []string
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if len(v) == 0 && path != "" {
+				out = append(out, path)
+			}
+			for k, c := range v {
+				if path == "" && (k == "apiVersion" || k == "kind" || k == "metadata") {
+					continue
+				}
+				walk(join(path, k), c)
+			}
+		case []any:
+			if len(v) == 0 {
+				out = append(out, path)
+			}
+			for _, c := range v {
+				walk(path+"[]", c)
+			}
+		default:
+			out = append(out, path)
+		}
+	}
+	walk("", obj)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Missing lists the paths of have that want lacks: what an object read at
+// one version holds and the same object read at another does not.
+func Missing(have, want []string) []string {
+	var out []string
+	for _, p := range have {
+		if _, found := slices.BinarySearch(want, p); !found {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// schemaOf is the schema of version in crd, or nil.
+func schemaOf(crd *apiextensionsv1.CustomResourceDefinition, version string) *apiextensionsv1.JSONSchemaProps {
+	for _, v := range crd.Spec.Versions {
+		if v.Name == version && v.Schema != nil {
+			return v.Schema.OpenAPIV3Schema
+		}
+	}
+	return nil
+}
+
+// SchemaLoss says, for each version in versions, the fields its schema in
+// crd allows that version to's does not, as "v1beta1: spec.foo, spec.bar".
+func SchemaLoss(crd *apiextensionsv1.CustomResourceDefinition, versions []string, to string) []string {
+	var out []string
+	for _, v := range versions {
+		if v == to {
+			continue
+		}
+		if lost := LostFields(schemaOf(crd, v), schemaOf(crd, to)); len(lost) > 0 {
+			out = append(out, v+": "+strings.Join(lost, ", "))
+		}
+	}
+	return out
+}
