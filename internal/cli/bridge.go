@@ -58,9 +58,6 @@ func (c *clients) fieldCheck(ctx context.Context, crd *apiextensionsv1.CustomRes
 			return nil
 		}
 	}
-	if loss := preflight.SchemaLoss(crd, versions, v.Bridge); len(loss) > 0 {
-		v.Warnings = append(v.Warnings, fmt.Sprintf("the schema of %s lacks fields other versions allow (%s): no object sets one now (checked), but one written with it before the migration ends would lose it", v.Bridge, strings.Join(loss, "; ")))
-	}
 
 	gvr := schema.GroupVersionResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
 	kind := crd.Spec.Names.Kind
@@ -102,6 +99,11 @@ func (c *clients) fieldCheck(ctx context.Context, crd *apiextensionsv1.CustomRes
 		losses[key] = appendNew(losses[key], fields...)
 	}
 	if len(losses) == 0 {
+		if loss := preflight.SchemaLoss(crd, versions, v.Bridge); len(loss) > 0 {
+			v.Warnings = append(v.Warnings, fmt.Sprintf("the schema of %s lacks fields other versions allow (%s): no object sets one now (checked), but one written with it before the migration ends would lose it", v.Bridge, strings.Join(loss, "; ")))
+		}
+		owner, _ := versionsOwner(crd)
+		v.Warnings = append(v.Warnings, fmt.Sprintf("prepare writes the storage version as field manager %s, which owns spec.versions; if %s re-applies this CRD during prepare (an operator that manages its own CRDs, a GitOps self-heal), it moves the storage version back and prepare stops, pruning nothing: pause it first", owner, owner))
 		return nil
 	}
 	keys := make([]client.ObjectKey, 0, len(losses))
@@ -221,7 +223,7 @@ func refusedFields(err error) []string {
 		if end < 0 {
 			break
 		}
-		out = appendNew(out, strings.TrimPrefix(rest[:end], ".")+" (unknown at the bridge)")
+		out = appendNew(out, strings.TrimPrefix(rest[:end], "."))
 		rest = rest[end:]
 	}
 	if len(out) == 0 {
@@ -250,8 +252,8 @@ func (c *clients) switchStorage(ctx context.Context, crd *apiextensionsv1.Custom
 			ac.Spec.Versions[i].Storage = ptr.To(ptr.Deref(ac.Spec.Versions[i].Name, "") == version)
 		}
 		// The name is the field manager's own: no conflict with itself.
-		if err := c.client.Apply(ctx, ac, client.FieldOwner(owner)); err != nil {
-			return "", fmt.Errorf("making %s the storage version of CRD %s as field manager %s: %w", version, crd.Name, owner, err)
+		if err := c.client.Apply(ctx, ac, client.FieldOwner(owner), client.ForceOwnership); err != nil {
+			return "", fmt.Errorf("making %s the storage version of CRD %s as field manager %s: %w%s", version, crd.Name, owner, err, grantSpecWrite(err, crd.Name))
 		}
 		return owner, nil
 	}
@@ -260,7 +262,7 @@ func (c *clients) switchStorage(ctx context.Context, crd *apiextensionsv1.Custom
 		updated.Spec.Versions[i].Storage = updated.Spec.Versions[i].Name == version
 	}
 	if err := c.client.Update(ctx, updated, client.FieldOwner(owner)); err != nil {
-		return "", fmt.Errorf("making %s the storage version of CRD %s: %w", version, crd.Name, err)
+		return "", fmt.Errorf("making %s the storage version of CRD %s: %w%s", version, crd.Name, err, grantSpecWrite(err, crd.Name))
 	}
 	return owner, nil
 }
@@ -288,4 +290,12 @@ func versionsOwner(crd *apiextensionsv1.CustomResourceDefinition) (string, metav
 		}
 	}
 	return owner, op
+}
+
+// grantSpecWrite says what a refused storage switch needs.
+func grantSpecWrite(err error, name string) string {
+	if !apierrors.IsForbidden(err) {
+		return ""
+	}
+	return fmt.Sprintf(". Bridging a skipped release or a downgrade writes the CRD's spec: grant update and patch on customresourcedefinitions, resourceNames [%s], to this identity (nothing was changed)", name)
 }

@@ -61,12 +61,15 @@ server refuses a CRD that drops a version status.storedVersions still lists
 spec.versions" before). For each CRD it says, on one line:
 
   ok             the apply keeps every stored version
-  needs prepare  it drops stored versions but keeps the live storage
-                 version: kubectl restow prepare migrates every object to
-                 it and prunes status.storedVersions, then the apply passes
-  blocked        it drops the live storage version too (a skipped release,
-                 a downgrade), or the API server refuses it for another
-                 reason, with what would unblock it
+  needs prepare  it drops stored versions: kubectl restow prepare migrates
+                 every object to the live storage version, or, where the
+                 manifest drops that too (a skipped release, a
+                 downgrade), to a version both sides serve that keeps
+                 every field of every object (checked object by object),
+                 and prunes status.storedVersions; then the apply passes
+  blocked        it drops the live storage version and no version both
+                 sides serve keeps every field (the objects and fields are
+                 named), or the API server refuses it for another reason
   new            the cluster has no such CRD
 
 A server-side dry run of each CRD (dryRun=All) confirms the verdict. Given

@@ -31,18 +31,20 @@ func newPrepareCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Co
 		Use:   "prepare -f FILE|DIR|- [-f ...] | --keep CRD=VERSION[,VERSION...]",
 		Short: "Migrate what a CRD upgrade needs migrated, so that the API server accepts it",
 		Long: fmt.Sprintf(`prepare judges the manifests as preflight does, and for every CRD that needs
-prepare (the manifest drops versions status.storedVersions lists, and keeps
-the live storage version) migrates every object to the live storage version
-and prunes status.storedVersions to it, with the same proof, settle window
-and rules for several API servers as any migration. It writes no CRD spec:
-apply the release after it.
+prepare (the manifest drops versions status.storedVersions lists) migrates
+every object to the live storage version and prunes status.storedVersions
+to it, with the same proof, settle window and rules for several API servers
+as any migration; then apply the release. Where the manifest drops the live
+storage version too (a skipped release, a downgrade), it first makes the
+version preflight names (both sides serve it, and every object keeps every
+field there) the storage version, as the field manager that owns
+spec.versions: that needs update and patch on the CRD.
 
 Where restow's StorageMigration API is installed (the operator), prepare
 hands each migration to it (a StorageMigration, or a new pass of the one
 there is) and follows it, so that one resource never has two migrations at
 once; elsewhere, or with --in-process, it migrates in this process as
-kubectl restow run does. A CRD that is blocked (the manifest drops the live
-storage version too) is left as it is. A CRD that is blocked or whose
+kubectl restow run does. A CRD that is blocked is left as it is. A CRD that is blocked or whose
 migration fails does not stop the others.
 
 It exits 0 when every CRD then applies; otherwise with the weightiest
@@ -239,15 +241,7 @@ func (c *clients) flippedBack(ctx context.Context, name, version string) error {
 	if live.Storage == version {
 		return nil
 	}
-	writer := "another client"
-	if len(crd.ManagedFields) > 0 {
-		latest := crd.ManagedFields[0]
-		for _, e := range crd.ManagedFields[1:] {
-			if e.Time != nil && (latest.Time == nil || latest.Time.Before(e.Time)) {
-				latest = e
-			}
-		}
-		writer = "field manager " + latest.Manager
-	}
-	return fmt.Errorf("the storage version of CRD %s went from %s to %s while prepare migrated (last written by %s): nothing was pruned. Something re-applies the old CRD (an operator that manages its own CRDs, a GitOps self-heal): pause it, then run prepare again", name, version, live.Storage, writer)
+	// spec.versions is an atomic list: whoever wrote it last owns it.
+	writer, _ := versionsOwner(crd)
+	return fmt.Errorf("the storage version of CRD %s went from %s to %s while prepare migrated (spec.versions is now field manager %s's): nothing was pruned. Something re-applies the old CRD (an operator that manages its own CRDs, a GitOps self-heal): pause it, then run prepare again", name, version, live.Storage, writer)
 }
