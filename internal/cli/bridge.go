@@ -279,7 +279,7 @@ func versionsOwner(crd *apiextensionsv1.CustomResourceDefinition) (string, metav
 			continue
 		}
 		set := &fieldpath.Set{}
-		if err := set.FromJSON(strings.NewReader(string(e.FieldsV1.Raw))); err != nil || !set.Has(path) {
+		if err := set.FromJSON(e.FieldsV1.GetRawReader()); err != nil || !set.Has(path) {
 			continue
 		}
 		if latest == nil || (e.Time != nil && latest.Before(e.Time)) {

@@ -62,14 +62,15 @@ func bridgeCRD(group string, versions []string, extra ...string) *apiextensionsv
 	return crd
 }
 
-// applyAs applies crd with server-side apply as manager, without forcing:
-// a conflict fails the test through the returned error.
-func applyAs(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, manager string) error {
+// applyAsHelm applies crd with server-side apply as Helm 4 does (field
+// manager helm), without forcing: a conflict fails the test through the
+// returned error.
+func applyAsHelm(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition) error {
 	ac, err := applyConfig(crd)
 	if err != nil {
 		return err
 	}
-	return env.Client.Apply(ctx, ac, client.FieldOwner(manager))
+	return env.Client.Apply(ctx, ac, client.FieldOwner("helm"))
 }
 
 func applyConfig(crd *apiextensionsv1.CustomResourceDefinition) (runtime.ApplyConfiguration, error) {
@@ -180,7 +181,7 @@ func TestBridgeReleases(t *testing.T) {
 	}
 	t.Run("a: a skipped release, applied server-side", func(t *testing.T) {
 		skipped(t, "a.bridge.restow.dev", "helm", func(crd *apiextensionsv1.CustomResourceDefinition) error {
-			return applyAs(t.Context(), crd, "helm")
+			return applyAsHelm(t.Context(), crd)
 		})
 	})
 	t.Run("a2: a skipped release, applied client-side", func(t *testing.T) {
@@ -203,7 +204,7 @@ func TestBridgeReleases(t *testing.T) {
 			newer = []string{"v1"}
 		}
 		// Release N: v1beta1 stored; N+1: v1 stored, migrated and pruned.
-		if err := applyAs(ctx, bridgeCRD(group, []string{"v1beta1"}), "helm"); err != nil {
+		if err := applyAsHelm(ctx, bridgeCRD(group, []string{"v1beta1"})); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = env.DeleteCRD(context.Background(), fx.CRDName()) })
@@ -211,7 +212,7 @@ func TestBridgeReleases(t *testing.T) {
 			t.Fatal(err)
 		}
 		keys := fx.CreateObjects(t, "v1beta1", releaseObjects, typed, strings.Split(group, ".")[0]+"-bridge")
-		if err := applyAs(ctx, bridgeCRD(group, []string{"v1beta1", "v1"}, newer...), "helm"); err != nil {
+		if err := applyAsHelm(ctx, bridgeCRD(group, []string{"v1beta1", "v1"}, newer...)); err != nil {
 			t.Fatal(err)
 		}
 		fx.SwitchStorage(t, "v1")
@@ -231,7 +232,7 @@ func TestBridgeReleases(t *testing.T) {
 		}
 		fx.AssertAllStoredAt(t, "v1beta1", releaseObjects)
 		fx.AssertStoredVersions(t, "v1beta1")
-		if err := applyAs(t.Context(), bridgeCRD(fx.Group, []string{"v1beta1"}), "helm"); err != nil {
+		if err := applyAsHelm(t.Context(), bridgeCRD(fx.Group, []string{"v1beta1"})); err != nil {
 			t.Fatalf("the rollback after prepare: %v", err)
 		}
 		assertReadsAt(t, fx, keys, typed, "v1beta1")
@@ -240,7 +241,7 @@ func TestBridgeReleases(t *testing.T) {
 	t.Run("c: a downgrade that would lose a field", func(t *testing.T) {
 		ctx := t.Context()
 		fx, keys, release := downgrade(t, "c.bridge.restow.dev", true)
-		var withExtra []string
+		withExtra := make([]string, 0, 10)
 		for _, k := range keys[:10] {
 			o := fx.Object("v1", k.Namespace, k.Name, nil)
 			if err := env.Client.Patch(ctx, o, client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"extra":"only v1 has it"}}`))); err != nil {

@@ -235,7 +235,7 @@ func dryRunSaid(dryRun string) string {
 func (c *clients) flippedBack(ctx context.Context, name, version string) error {
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-		return nil
+		return fmt.Errorf("reading CRD %s again to see whether its storage version moved: %w", name, err)
 	}
 	live := preflight.LiveOf(crd)
 	if live.Storage == version {

@@ -236,7 +236,7 @@ func applyAccepted(t *testing.T, name, version string) {
 // left as it is, CRD and etcd alike, and the exit code says not all could be
 // prepared.
 func TestPrepare(t *testing.T) {
-	var needing []testenv.Fixture
+	needing := make([]testenv.Fixture, 0, 2)
 	keys := map[string][]client.ObjectKey{}
 	for _, name := range []string{"one", "two"} {
 		fx := testenv.Fixture{Env: env, Group: name + ".prepare.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
@@ -270,7 +270,8 @@ func TestPrepare(t *testing.T) {
 
 	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
 	out, _, code = restow(t, "prepare", "-f", dir, "--timeout", "5m")
-	wants := []string{skipped.CRDName() + ": blocked, left as it is"}
+	wants := make([]string, 0, 1+2*len(needing))
+	wants = append(wants, skipped.CRDName()+": blocked, left as it is")
 	for _, fx := range needing {
 		wants = append(wants,
 			fx.CRDName()+": the restow operator migrates it",

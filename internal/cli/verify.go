@@ -168,7 +168,7 @@ is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitUn
 	flags.IntVar(&opts.scan.Names, "names", verify.DefaultNames, "How many object names to show per count (0: none).")
 	flags.Float64Var(&opts.scan.Rate, "rate", 0, "Most objects read from etcd per second (0: no limit), so that a busy etcd is not starved.")
 	flags.Int64Var(&opts.scan.PageSize, "page-size", verify.DefaultPageSize, fmt.Sprintf("Most values read from etcd per request; never more than %d MiB divided by --etcd-max-request-bytes.", verify.MaxPageBytes>>20))
-	opts.etcdFlags.add(flags)
+	opts.add(flags)
 	addOutputFlag(cmd, &opts.output)
 	return cmd
 }
