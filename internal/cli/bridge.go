@@ -38,7 +38,7 @@ const shownLosses = 10
 // fields, never their values. A CRD whose conversion is a webhook is
 // blocked too: the API server's reads say what the webhook returns, not
 // what a round trip through it keeps.
-func (c *clients) fieldCheck(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict) error {
+func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict) error {
 	block := func(format string, args ...any) {
 		v.State = preflight.Blocked
 		v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version; ", v.Storage) + fmt.Sprintf(format, args...)
@@ -48,17 +48,23 @@ func (c *clients) fieldCheck(ctx context.Context, crd *apiextensionsv1.CustomRes
 		return nil
 	}
 	live := preflight.LiveOf(crd)
-	versions := slices.Clone(live.StoredVersions)
-	if !slices.Contains(versions, live.Storage) {
-		versions = append(versions, live.Storage)
+	stored := slices.Clone(live.StoredVersions)
+	if !slices.Contains(stored, live.Storage) {
+		stored = append(stored, live.Storage)
 	}
-	for _, version := range versions {
+	for _, version := range stored {
 		if !slices.Contains(live.Served, version) {
 			block("objects may be stored at %s, which the live CRD does not serve, so restow cannot read them to prove that %s keeps every field: serve %s, or apply a release in between first", version, v.Bridge, version)
 			return nil
 		}
 	}
 
+	// Read at every version served, stored ones first: a field any read
+	// shows is one the bridge must keep.
+	versions := stored
+	for _, s := range live.Served {
+		versions = appendNew(versions, s)
+	}
 	gvr := schema.GroupVersionResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
 	kind := crd.Spec.Names.Kind
 	at := func(version string) (map[client.ObjectKey]*unstructured.Unstructured, error) {
@@ -69,7 +75,7 @@ func (c *clients) fieldCheck(ctx context.Context, crd *apiextensionsv1.CustomRes
 		return err
 	}
 	losses := map[client.ObjectKey][]string{}
-	var stored map[client.ObjectKey]*unstructured.Unstructured
+	var atStorage map[client.ObjectKey]*unstructured.Unstructured
 	for _, version := range versions {
 		if version == v.Bridge {
 			continue
@@ -79,19 +85,28 @@ func (c *clients) fieldCheck(ctx context.Context, crd *apiextensionsv1.CustomRes
 			return err
 		}
 		if version == live.Storage {
-			stored = objs
+			atStorage = objs
 		}
 		for key, o := range objs {
 			b, ok := bridged[key]
 			if !ok {
-				continue // created or deleted between the two lists
+				// Not in the bridge's list: read it there by itself. Gone
+				// is gone (deleted between the lists); anything else is
+				// compared as any other.
+				b = &unstructured.Unstructured{}
+				b.SetGroupVersionKind(schema.GroupVersionKind{Group: gvr.Group, Version: v.Bridge, Kind: kind})
+				if err := c.client.Get(ctx, key, b); apierrors.IsNotFound(err) {
+					continue
+				} else if err != nil {
+					return fmt.Errorf("reading %s at %s: %w", key, v.Bridge, err)
+				}
 			}
 			if missing := preflight.Missing(preflight.FieldPaths(o.Object), preflight.FieldPaths(b.Object)); len(missing) > 0 {
 				losses[key] = appendNew(losses[key], missing...)
 			}
 		}
 	}
-	refused, err := c.strictDryRuns(ctx, stored, v.Bridge)
+	refused, err := c.strictDryRuns(ctx, atStorage, v.Bridge)
 	if err != nil {
 		return err
 	}
@@ -99,8 +114,17 @@ func (c *clients) fieldCheck(ctx context.Context, crd *apiextensionsv1.CustomRes
 		losses[key] = appendNew(losses[key], fields...)
 	}
 	if len(losses) == 0 {
-		if loss := preflight.SchemaLoss(crd, versions, v.Bridge); len(loss) > 0 {
-			v.Warnings = append(v.Warnings, fmt.Sprintf("the schema of %s lacks fields other versions allow (%s): no object sets one now (checked), but one written with it before the migration ends would lose it", v.Bridge, strings.Join(loss, "; ")))
+		// No object sets such a field now, but one written with it before
+		// the migration ends would lose it, and so would one the release's
+		// own schema of the bridge drops after the apply: fail closed.
+		loss := preflight.SchemaLoss(crd, versions, crd, v.Bridge)
+		if manifest != nil {
+			loss = append(loss, preflight.SchemaLoss(crd, versions, manifest, v.Bridge)...)
+		}
+		if len(loss) > 0 {
+			block("no object sets a field %s lacks now, but the schemas allow fields it does not (%s): an object written with one before the migration ends, or read after the release's apply, would lose it. Nothing was changed. Apply a release that keeps %s first",
+				v.Bridge, strings.Join(slices.Compact(loss), "; "), v.Storage)
+			return nil
 		}
 		owner, _ := versionsOwner(crd)
 		v.Warnings = append(v.Warnings, fmt.Sprintf("prepare writes the storage version as field manager %s, which owns spec.versions; if %s re-applies this CRD during prepare (an operator that manages its own CRDs, a GitOps self-heal), it moves the storage version back and prepare stops, pruning nothing: pause it first", owner, owner))
@@ -251,6 +275,8 @@ func (c *clients) switchStorage(ctx context.Context, crd *apiextensionsv1.Custom
 		for i := range ac.Spec.Versions {
 			ac.Spec.Versions[i].Storage = ptr.To(ptr.Deref(ac.Spec.Versions[i].Name, "") == version)
 		}
+		// Only onto the CRD that was checked: a conflict if it changed.
+		ac.WithResourceVersion(crd.ResourceVersion)
 		// The name is the field manager's own: no conflict with itself.
 		if err := c.client.Apply(ctx, ac, client.FieldOwner(owner), client.ForceOwnership); err != nil {
 			return "", fmt.Errorf("making %s the storage version of CRD %s as field manager %s: %w%s", version, crd.Name, owner, err, grantSpecWrite(err, crd.Name))

@@ -211,8 +211,9 @@ func (c *clients) preflightOne(ctx context.Context, m preflight.Manifest) (prefl
 		return preflight.Verdict{}, err
 	}
 	v := preflight.Judge(m, &live)
+	v.CheckedResourceVersion = crd.ResourceVersion
 	if v.Bridge != "" {
-		if err := c.fieldCheck(ctx, crd, &v); err != nil {
+		if err := c.fieldCheck(ctx, crd, m.CRD, &v); err != nil {
 			return preflight.Verdict{}, err
 		}
 	}

@@ -120,7 +120,7 @@ func prepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 			if exit := (*exitError)(nil); errors.As(err, &exit) {
 				c = exit.code
 			}
-			if prepareWeight[c] > prepareWeight[code] {
+			if weight(c) > weight(code) {
 				code = c
 			}
 		}
@@ -134,8 +134,15 @@ func prepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 
 // prepareWeight orders prepare's exit codes, lightest first: objects a
 // migration could not rewrite, a blocked CRD, no operator answering, an
-// error (any code not listed).
-var prepareWeight = map[int]int{0: 0, ExitPending: 1, ExitBlocked: 2, ExitNoOperator: 3, 1: 4}
+// error (1, or any code not listed, which is heaviest).
+var prepareWeight = map[int]int{0: 0, ExitPending: 1, ExitBlocked: 2, ExitNoOperator: 3}
+
+func weight(code int) int {
+	if w, ok := prepareWeight[code]; ok {
+		return w
+	}
+	return len(prepareWeight)
+}
 
 // handsToOperator says whether prepare hands its migrations to the restow
 // operator: where restow's StorageMigration API is installed, unless
@@ -188,6 +195,9 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 		if err := c.client.Get(ctx, client.ObjectKey{Name: m.Name}, crd); err != nil {
 			return v.State, err
 		}
+		if crd.ResourceVersion != v.CheckedResourceVersion {
+			return v.State, fmt.Errorf("CRD %s changed since prepare checked its objects' fields: nothing was changed; run prepare again", m.Name)
+		}
 		manager, err := c.switchStorage(ctx, crd, v.Bridge)
 		if err != nil {
 			return v.State, err
@@ -207,6 +217,9 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 		})
 	}
 	if err != nil {
+		if v.Bridge != "" {
+			err = fmt.Errorf("%w; the live storage version is now %s, every stored version is still listed, and nothing is lost: run prepare again, or apply the release that is installed to move it back", err, v.Bridge)
+		}
 		return v.State, errors.Join(err, c.flippedBack(ctx, m.Name, target))
 	}
 	after, err := c.preflightOne(ctx, m)

@@ -154,14 +154,16 @@ func schemaOf(crd *apiextensionsv1.CustomResourceDefinition, version string) *ap
 }
 
 // SchemaLoss says, for each version in versions, the fields its schema in
-// crd allows that version to's does not, as "v1beta1: spec.foo, spec.bar".
-func SchemaLoss(crd *apiextensionsv1.CustomResourceDefinition, versions []string, to string) []string {
+// from allows that version to's schema in into does not, as "v1beta1:
+// spec.foo, spec.bar". from and into may be the same CRD, or the live one
+// and a release's manifest.
+func SchemaLoss(from *apiextensionsv1.CustomResourceDefinition, versions []string, into *apiextensionsv1.CustomResourceDefinition, to string) []string {
 	var out []string
 	for _, v := range versions {
-		if v == to {
+		if from == into && v == to {
 			continue
 		}
-		if lost := LostFields(schemaOf(crd, v), schemaOf(crd, to)); len(lost) > 0 {
+		if lost := LostFields(schemaOf(from, v), schemaOf(into, to)); len(lost) > 0 {
 			out = append(out, v+": "+strings.Join(lost, ", "))
 		}
 	}

@@ -222,6 +222,10 @@ type Verdict struct {
 	// Bridge, for a manifest that drops the live storage version, is the
 	// version prepare makes the live storage version and migrates to.
 	Bridge string `json:"bridge,omitempty"`
+	// CheckedResourceVersion is the resourceVersion of the live CRD that
+	// was judged (and, for a bridge, field-checked): prepare writes
+	// nothing to a CRD that changed since.
+	CheckedResourceVersion string `json:"-"`
 	// Warnings are what the user should know that does not change the
 	// state.
 	Warnings []string `json:"warnings,omitempty"`

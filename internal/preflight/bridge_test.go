@@ -1,0 +1,75 @@
+package preflight
+
+import (
+	"slices"
+	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/utils/ptr"
+)
+
+func TestBridge(t *testing.T) {
+	live := Live{Storage: "v1alpha1", Served: []string{"v1alpha1", "v1beta1", "v1"}}
+	for _, tc := range []struct {
+		name     string
+		m        Manifest
+		want     string
+		unserved bool
+		ok       bool
+	}{
+		{"the manifest's storage version, served live", Manifest{Versions: []string{"v1beta1", "v1"}, Storage: "v1", Served: []string{"v1beta1", "v1"}}, "v1", false, true},
+		{"then the first version it serves", Manifest{Versions: []string{"v1beta1", "v2"}, Storage: "v2", Served: []string{"v1beta1", "v2"}}, "v1beta1", false, true},
+		{"then one it lists unserved", Manifest{Versions: []string{"v1beta1", "v2"}, Storage: "v2", Served: []string{"v2"}}, "v1beta1", true, true},
+		{"--keep: in its order", Manifest{Versions: []string{"v2", "v1"}}, "v1", false, true},
+		{"none in common", Manifest{Versions: []string{"v2"}, Storage: "v2", Served: []string{"v2"}}, "", false, false},
+	} {
+		got, unserved, ok := Bridge(tc.m, live)
+		if got != tc.want || unserved != tc.unserved || ok != tc.ok {
+			t.Errorf("%s: Bridge = %q, %v, %v; want %q, %v, %v", tc.name, got, unserved, ok, tc.want, tc.unserved, tc.ok)
+		}
+	}
+}
+
+func TestLostFields(t *testing.T) {
+	str := apiextensionsv1.JSONSchemaProps{Type: "string"}
+	obj := func(props map[string]apiextensionsv1.JSONSchemaProps) apiextensionsv1.JSONSchemaProps {
+		return apiextensionsv1.JSONSchemaProps{Type: "object", Properties: props}
+	}
+	from := obj(map[string]apiextensionsv1.JSONSchemaProps{
+		"metadata": obj(nil),
+		"spec": obj(map[string]apiextensionsv1.JSONSchemaProps{
+			"a":     str,
+			"extra": str,
+			"list":  {Type: "array", Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: ptr.To(obj(map[string]apiextensionsv1.JSONSchemaProps{"x": str, "y": str}))}},
+			"open":  obj(map[string]apiextensionsv1.JSONSchemaProps{"k": str}),
+		}),
+	})
+	to := obj(map[string]apiextensionsv1.JSONSchemaProps{
+		"spec": obj(map[string]apiextensionsv1.JSONSchemaProps{
+			"a":    str,
+			"list": {Type: "array", Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: ptr.To(obj(map[string]apiextensionsv1.JSONSchemaProps{"x": str}))}},
+			"open": {Type: "object", XPreserveUnknownFields: ptr.To(true)},
+		}),
+	})
+	if got, want := LostFields(&from, &to), []string{"spec.extra", "spec.list[].y"}; !slices.Equal(got, want) {
+		t.Errorf("LostFields = %v, want %v", got, want)
+	}
+	if got := LostFields(&to, &to); len(got) != 0 {
+		t.Errorf("LostFields of a schema against itself = %v, want none", got)
+	}
+}
+
+func TestFieldPaths(t *testing.T) {
+	obj := map[string]any{
+		"apiVersion": "x/v1", "kind": "K", "metadata": map[string]any{"name": "n"},
+		"spec": map[string]any{"a": "1", "empty": map[string]any{}, "list": []any{map[string]any{"x": 1}, map[string]any{"y": nil}}, "none": []any{}},
+	}
+	want := []string{"spec.a", "spec.empty", "spec.list[].x", "spec.list[].y", "spec.none"}
+	got := FieldPaths(obj)
+	if !slices.Equal(got, want) {
+		t.Errorf("FieldPaths = %v, want %v", got, want)
+	}
+	if missing := Missing(got, []string{"spec.a", "spec.list[].x"}); !slices.Equal(missing, []string{"spec.empty", "spec.list[].y", "spec.none"}) {
+		t.Errorf("Missing = %v", missing)
+	}
+}
