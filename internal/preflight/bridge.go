@@ -37,8 +37,8 @@ func Bridge(m Manifest, live Live) (version string, unserved bool, ok bool) {
 // LostFields lists the fields the schema from allows and the schema to
 // does not: an object at from that sets one loses it when the API server
 // decodes it at to without conversion (pruning). A field under
-// x-kubernetes-preserve-unknown-fields in to is kept; under it in from,
-// the schema does not say which fields there are (the objects do). Paths
+// x-kubernetes-preserve-unknown-fields in to is kept; under it in from
+// alone, any field beyond to's is lost (path.*). Paths
 // are dotted, with [] for an array's items and {} for a map's values;
 // apiVersion, kind and metadata are the API server's and left out.
 func LostFields(from, to *apiextensionsv1.JSONSchemaProps) []string {
@@ -47,6 +47,11 @@ func LostFields(from, to *apiextensionsv1.JSONSchemaProps) []string {
 	walk = func(path string, f, t *apiextensionsv1.JSONSchemaProps) {
 		if f == nil || t == nil || preserves(t) {
 			return
+		}
+		if preserves(f) {
+			// from keeps any field here and to does not: whatever an
+			// object holds beyond to's properties is lost.
+			lost = append(lost, join(path, "*"))
 		}
 		names := make([]string, 0, len(f.Properties))
 		for name := range f.Properties {

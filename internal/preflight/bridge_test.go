@@ -54,6 +54,10 @@ func TestLostFields(t *testing.T) {
 	if got, want := LostFields(&from, &to), []string{"spec.extra", "spec.list[].y"}; !slices.Equal(got, want) {
 		t.Errorf("LostFields = %v, want %v", got, want)
 	}
+	open := obj(map[string]apiextensionsv1.JSONSchemaProps{"spec": {Type: "object", XPreserveUnknownFields: ptr.To(true)}})
+	if got, want := LostFields(&open, &to), []string{"spec.*"}; !slices.Equal(got, want) {
+		t.Errorf("LostFields from an open spec = %v, want %v", got, want)
+	}
 	if got := LostFields(&to, &to); len(got) != 0 {
 		t.Errorf("LostFields of a schema against itself = %v, want none", got)
 	}
