@@ -311,6 +311,173 @@ func TestCRDAuthorPrepareHook(t *testing.T) {
 	assertGone(t, hookObjects(name, namespace)...)
 }
 
+// TestCRDAuthorBridgeHooks drives the hooks of config/samples/crd-author
+// through the two releases the API server refuses although a version both
+// sides serve could carry the objects: a skipped release (1.0.0, storing
+// v1beta1 and serving v1, straight to 3.0.0, which keeps v1 alone) and a
+// rollback past a storage switch (2.0.0 stored v1 and was migrated; 1.0.0
+// of this chart keeps v1beta1 alone). Each, with Helm's Go API and 2,000
+// objects read in etcd, fails without the hooks and changes nothing, and
+// passes with them: the pre-upgrade or pre-rollback prepare hook makes the
+// bridge the storage version (with the prepare-only role), restow's
+// operator migrates, and every object reads with every field.
+func TestCRDAuthorBridgeHooks(t *testing.T) {
+	ctx := t.Context()
+	const n = 2000
+	fx := testenv.Fixture{Env: env, Group: "stable.example.com", Kind: "CronTab", Plural: "crontabs", Namespaced: true}
+	crdName := fx.CRDName()
+	spec := func(i int) map[string]any {
+		return map[string]any{"cronSpec": fmt.Sprintf("*/%d * * * *", i%59+1), "image": fmt.Sprintf("registry.example.com/job:%d", i), "replicas": int64(i % 5)}
+	}
+	ensureRestowCRD(t)
+	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
+	v1beta1Only := withoutVersion(t, readChartFile(t, "samples/crontabs/crd-storage-v1beta1.yaml"), "v1")
+
+	// release runs one release from install to the end: install first,
+	// write the objects, then each step; it uninstalls and deletes the CRD.
+	type step func(name string, cfg *action.Configuration, hooks bool) (map[string]hookRun, error)
+	release := func(t *testing.T, name string, hooks bool, first []byte, steps ...step) (map[string]hookRun, error, []client.ObjectKey) {
+		namespace := name
+		cfg := helmConfig(t, namespace)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if _, err := cfg.Releases.Last(name); err == nil {
+				uninstallChart(t, cfg, name)
+			}
+			deleteMigration(t, crdName)
+			if err := env.DeleteCRD(ctx, crdName); err != nil {
+				t.Error(err)
+			}
+		})
+		install := action.NewInstall(cfg)
+		install.ReleaseName, install.Namespace, install.CreateNamespace = name, namespace, true
+		install.WaitStrategy, install.Timeout = kube.HookOnlyStrategy, 2*time.Minute
+		if _, err := withJobStandIn(t, namespace, nil, func() error {
+			_, err := install.RunWithContext(ctx, authorChart(t, "1.0.0", first, hooks), nil)
+			return err
+		}); err != nil {
+			t.Fatalf("helm install: %v", err)
+		}
+		keys := fx.CreateObjects(t, "v1beta1", n, spec, name)
+		var runs map[string]hookRun
+		var err error
+		for _, s := range steps {
+			if runs, err = s(name, cfg, hooks); err != nil {
+				break
+			}
+		}
+		return runs, err, keys
+	}
+	upgradeTo := func(version string, crd []byte) step {
+		return func(name string, cfg *action.Configuration, hooks bool) (map[string]hookRun, error) {
+			return withJobStandIn(t, name, nil, func() error {
+				up := action.NewUpgrade(cfg)
+				up.Namespace, up.WaitStrategy, up.Timeout = name, kube.HookOnlyStrategy, 3*time.Minute
+				_, err := up.RunWithContext(ctx, name, authorChart(t, version, crd, hooks), nil)
+				return err
+			})
+		}
+	}
+	migrated := func(string, *action.Configuration, bool) (map[string]hookRun, error) {
+		// As a user without the hooks: kubectl restow run.
+		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+		if err := env.WriteKubeconfig(kubeconfig); err != nil {
+			return nil, err
+		}
+		restow(t, kubeconfig, 0, "run", crdName, "--settle-window=1s")
+		return nil, nil
+	}
+	rollbackTo1 := func(name string, cfg *action.Configuration, _ bool) (map[string]hookRun, error) {
+		return withJobStandIn(t, name, nil, func() error {
+			rb := action.NewRollback(cfg)
+			rb.Version, rb.WaitStrategy, rb.Timeout = 1, kube.HookOnlyStrategy, 3*time.Minute
+			return rb.Run(name)
+		})
+	}
+	refused := `missing from spec.versions`
+	removed := readChartFile(t, "samples/crontabs/crd-v1beta1-removed.yaml")
+	switched := readChartFile(t, "samples/crontabs/crd-storage-v1.yaml")
+	serving := readChartFile(t, "samples/crontabs/crd-storage-v1beta1.yaml")
+
+	t.Run("a skipped release, without the hooks", func(t *testing.T) {
+		_, err, _ := release(t, "skip-bare", false, serving, upgradeTo("3.0.0", removed))
+		if err == nil || !strings.Contains(err.Error(), refused) {
+			t.Fatalf("helm upgrade 1.0.0 to 3.0.0 without the hooks: %v, want the API server's refusal", err)
+		}
+		t.Logf("helm upgrade without the hooks: %v", err)
+		fx.AssertStoredVersions(t, "v1beta1")
+		fx.AssertAllStoredAt(t, "v1beta1", n)
+	})
+	t.Run("a skipped release, with the hooks", func(t *testing.T) {
+		runs, err, keys := release(t, "skip-hooks", true, serving, upgradeTo("3.0.0", removed))
+		prep := runs["skip-hooks-restow-prepare"]
+		if err != nil || prep.code != 0 || !strings.Contains(prep.out, crdName+": made v1 the live storage version in place of v1beta1") {
+			t.Fatalf("helm upgrade 1.0.0 to 3.0.0 with the hooks: %v; the prepare hook exited %d", err, prep.code)
+		}
+		fx.AssertAllStoredAt(t, "v1", n)
+		fx.AssertStoredVersions(t, "v1")
+		assertSpecs(t, fx, "v1", keys, spec)
+	})
+	t.Run("a rollback past a storage switch, without the hooks", func(t *testing.T) {
+		_, err, _ := release(t, "back-bare", false, v1beta1Only, upgradeTo("2.0.0", switched), migrated, rollbackTo1)
+		if err == nil || !strings.Contains(err.Error(), refused) {
+			t.Fatalf("helm rollback to 1.0.0 without the hooks: %v, want the API server's refusal", err)
+		}
+		t.Logf("helm rollback without the hooks: %v", err)
+		fx.AssertStoredVersions(t, "v1")
+		fx.AssertAllStoredAt(t, "v1", n)
+	})
+	t.Run("a rollback past a storage switch, with the hooks", func(t *testing.T) {
+		runs, err, keys := release(t, "back-hooks", true, v1beta1Only, upgradeTo("2.0.0", switched), rollbackTo1)
+		prep := runs["back-hooks-restow-prepare"]
+		if err != nil || prep.code != 0 || !strings.Contains(prep.out, crdName+": made v1beta1 the live storage version in place of v1") {
+			t.Fatalf("helm rollback to 1.0.0 with the hooks: %v; the prepare hook exited %d", err, prep.code)
+		}
+		fx.AssertAllStoredAt(t, "v1beta1", n)
+		fx.AssertStoredVersions(t, "v1beta1")
+		assertSpecs(t, fx, "v1beta1", keys, spec)
+		if crd := fx.CRD(t); len(crd.Spec.Versions) != 1 || crd.Spec.Versions[0].Name != "v1beta1" {
+			t.Errorf("after the rollback the CRD has versions %+v, want v1beta1 alone", crd.Spec.Versions)
+		}
+	})
+}
+
+// withoutVersion is a CRD manifest without one of its versions.
+func withoutVersion(t *testing.T, raw []byte, version string) []byte {
+	t.Helper()
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.UnmarshalStrict(raw, crd); err != nil {
+		t.Fatal(err)
+	}
+	crd.Spec.Versions = slices.DeleteFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == version })
+	crd.APIVersion, crd.Kind = apiextensionsv1.SchemeGroupVersion.String(), "CustomResourceDefinition"
+	out, err := yaml.Marshal(crd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// assertSpecs lists fx's objects at version and checks each one's spec.
+func assertSpecs(t *testing.T, fx testenv.Fixture, version string, keys []client.ObjectKey, spec func(int) map[string]any) {
+	t.Helper()
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(fx.GVK(version))
+	if err := env.Client.List(t.Context(), list); err != nil {
+		t.Fatal(err)
+	}
+	got := map[client.ObjectKey]any{}
+	for _, o := range list.Items {
+		got[client.ObjectKeyFromObject(&o)] = o.Object["spec"]
+	}
+	for i, k := range keys {
+		if !reflect.DeepEqual(got[k], spec(i)) {
+			t.Fatalf("%s at %s has spec %v, want %v (%d objects listed)", k, version, got[k], spec(i), len(got))
+		}
+	}
+}
+
 // ensureRestowCRD installs restow's StorageMigration CRD unless the
 // chart's tests left it (its resource-policy is keep), and deletes it at
 // the end if it installed it.
@@ -557,6 +724,8 @@ func hookObjects(release, namespace string) []client.Object {
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name}},
 		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release + "-restow-prepare"}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: release + "-restow-prepare"}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: release + "-restow-prepare"}},
 	}
 }
 
@@ -682,7 +851,7 @@ func TestCRDAuthorsDocShowsTheSamples(t *testing.T) {
 	}
 	// The run and prepare Jobs; Roles and RoleBindings in kube-system
 	// (Leases) and default (EndpointSlices).
-	want := map[string]int{"Job": 2, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2, "RoleBinding": 2}
+	want := map[string]int{"Job": 2, "ServiceAccount": 1, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 2, "RoleBinding": 2}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Errorf("the hooks rendered %v, want %v", kinds, want)
 	}
