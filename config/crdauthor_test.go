@@ -336,7 +336,7 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 	// release runs one release from install to the end: install first,
 	// write the objects, then each step; it uninstalls and deletes the CRD.
 	type step func(name string, cfg *action.Configuration, hooks bool) (map[string]hookRun, error)
-	release := func(t *testing.T, name string, hooks bool, first []byte, steps ...step) (map[string]hookRun, error, []client.ObjectKey) {
+	release := func(t *testing.T, name string, hooks bool, first []byte, steps ...step) (map[string]hookRun, []client.ObjectKey, error) {
 		namespace := name
 		cfg := helmConfig(t, namespace)
 		t.Cleanup(func() {
@@ -367,7 +367,7 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 				break
 			}
 		}
-		return runs, err, keys
+		return runs, keys, err
 	}
 	upgradeTo := func(version string, crd []byte) step {
 		return func(name string, cfg *action.Configuration, hooks bool) (map[string]hookRun, error) {
@@ -379,14 +379,25 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 			})
 		}
 	}
-	migrated := func(string, *action.Configuration, bool) (map[string]hookRun, error) {
-		// As a user without the hooks: kubectl restow run.
-		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-		if err := env.WriteKubeconfig(kubeconfig); err != nil {
-			return nil, err
+	// upgradeAndRun upgrades, then migrates as a user without the hooks
+	// does: kubectl restow run.
+	upgradeAndRun := func(version string, crd []byte) step {
+		return func(name string, cfg *action.Configuration, hooks bool) (map[string]hookRun, error) {
+			runs, err := upgradeTo(version, crd)(name, cfg, hooks)
+			if err != nil {
+				return runs, err
+			}
+			kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+			if err := env.WriteKubeconfig(kubeconfig); err != nil {
+				return runs, err
+			}
+			var out bytes.Buffer
+			args := []string{"--kubeconfig", kubeconfig, "run", crdName, "--settle-window=1s"}
+			if code := cli.Execute(ctx, args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &out}); code != 0 {
+				return runs, fmt.Errorf("kubectl restow run exited %d:\n%s", code, out.String())
+			}
+			return runs, nil
 		}
-		restow(t, kubeconfig, 0, "run", crdName, "--settle-window=1s")
-		return nil, nil
 	}
 	rollbackTo1 := func(name string, cfg *action.Configuration, _ bool) (map[string]hookRun, error) {
 		return withJobStandIn(t, name, nil, func() error {
@@ -401,7 +412,7 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 	serving := readChartFile(t, "samples/crontabs/crd-storage-v1beta1.yaml")
 
 	t.Run("a skipped release, without the hooks", func(t *testing.T) {
-		_, err, _ := release(t, "skip-bare", false, serving, upgradeTo("3.0.0", removed))
+		_, _, err := release(t, "skip-bare", false, serving, upgradeTo("3.0.0", removed))
 		if err == nil || !strings.Contains(err.Error(), refused) {
 			t.Fatalf("helm upgrade 1.0.0 to 3.0.0 without the hooks: %v, want the API server's refusal", err)
 		}
@@ -410,7 +421,7 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 		fx.AssertAllStoredAt(t, "v1beta1", n)
 	})
 	t.Run("a skipped release, with the hooks", func(t *testing.T) {
-		runs, err, keys := release(t, "skip-hooks", true, serving, upgradeTo("3.0.0", removed))
+		runs, keys, err := release(t, "skip-hooks", true, serving, upgradeTo("3.0.0", removed))
 		prep := runs["skip-hooks-restow-prepare"]
 		if err != nil || prep.code != 0 || !strings.Contains(prep.out, crdName+": made v1 the live storage version in place of v1beta1") {
 			t.Fatalf("helm upgrade 1.0.0 to 3.0.0 with the hooks: %v; the prepare hook exited %d", err, prep.code)
@@ -420,7 +431,7 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 		assertSpecs(t, fx, "v1", keys, spec)
 	})
 	t.Run("a rollback past a storage switch, without the hooks", func(t *testing.T) {
-		_, err, _ := release(t, "back-bare", false, v1beta1Only, upgradeTo("2.0.0", switched), migrated, rollbackTo1)
+		_, _, err := release(t, "back-bare", false, v1beta1Only, upgradeAndRun("2.0.0", switched), rollbackTo1)
 		if err == nil || !strings.Contains(err.Error(), refused) {
 			t.Fatalf("helm rollback to 1.0.0 without the hooks: %v, want the API server's refusal", err)
 		}
@@ -429,7 +440,7 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 		fx.AssertAllStoredAt(t, "v1", n)
 	})
 	t.Run("a rollback past a storage switch, with the hooks", func(t *testing.T) {
-		runs, err, keys := release(t, "back-hooks", true, v1beta1Only, upgradeTo("2.0.0", switched), rollbackTo1)
+		runs, keys, err := release(t, "back-hooks", true, v1beta1Only, upgradeTo("2.0.0", switched), rollbackTo1)
 		prep := runs["back-hooks-restow-prepare"]
 		if err != nil || prep.code != 0 || !strings.Contains(prep.out, crdName+": made v1beta1 the live storage version in place of v1") {
 			t.Fatalf("helm rollback to 1.0.0 with the hooks: %v; the prepare hook exited %d", err, prep.code)
