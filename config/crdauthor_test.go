@@ -294,20 +294,7 @@ func TestCRDAuthorPrepareHook(t *testing.T) {
 	if len(crd.Spec.Versions) != 1 || crd.Spec.Versions[0].Name != "v1" {
 		t.Errorf("after the upgrade the CRD has versions %+v, want v1 alone", crd.Spec.Versions)
 	}
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(fx.GVK("v1"))
-	if err := env.Client.List(ctx, list); err != nil {
-		t.Fatal(err)
-	}
-	got := map[client.ObjectKey]any{}
-	for _, o := range list.Items {
-		got[client.ObjectKeyFromObject(&o)] = o.Object["spec"]
-	}
-	for i, k := range keys {
-		if !reflect.DeepEqual(got[k], spec(i)) {
-			t.Fatalf("%s at v1 has spec %v, want %v (%d objects listed)", k, got[k], spec(i), len(got))
-		}
-	}
+	assertSpecs(t, fx, "v1", keys, spec)
 	assertGone(t, hookObjects(name, namespace)...)
 }
 

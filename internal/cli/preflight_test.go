@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -96,23 +95,11 @@ func TestPreflight(t *testing.T) {
 
 	// The ok manifest alone: exit 0, and nothing sent but reads and the
 	// dry run.
-	var mu sync.Mutex
-	var writes []string
-	restore := cli.SetWrapTransport(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTrip(func(req *http.Request) (*http.Response, error) {
-			if req.Method != http.MethodGet && req.URL.Query().Get("dryRun") != "All" {
-				mu.Lock()
-				writes = append(writes, req.Method+" "+req.URL.Path)
-				mu.Unlock()
-			}
-			return rt.RoundTrip(req)
-		})
-	})
-	defer restore()
+	recorded := recordWrites(t)
 	if out, _, code := restow(t, "preflight", "-f", filepath.Join(dir, "same.yaml")); code != 0 || !strings.Contains(out, "server-side dry run: accepted") {
 		t.Errorf("preflight of a release that changes nothing stored exited %d, want 0 and an accepted dry run", code)
 	}
-	if len(writes) > 0 {
+	if writes := recorded(); len(writes) > 0 {
 		t.Errorf("preflight sent %v: want reads and dry runs only", writes)
 	}
 }

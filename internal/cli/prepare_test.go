@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -31,30 +30,6 @@ func rich(i int) map[string]any {
 		"label":   fmt.Sprintf("widget-%05d", i),
 		"enabled": i%2 == 0,
 		"nested":  map[string]any{"list": []any{"a", int64(i % 7)}, "ratio": "0.5"},
-	}
-}
-
-// assertEveryField lists fx's objects at version and checks that each has
-// the spec it was created with (rich).
-func assertEveryField(t *testing.T, fx testenv.Fixture, version string, keys []client.ObjectKey) {
-	t.Helper()
-	items := &unstructured.UnstructuredList{}
-	items.SetGroupVersionKind(fx.GVK(version))
-	if err := env.Client.List(t.Context(), items); err != nil {
-		t.Fatalf("listing %s at %s: %v", fx.CRDName(), version, err)
-	}
-	specs := map[client.ObjectKey]any{}
-	for _, o := range items.Items {
-		specs[client.ObjectKeyFromObject(&o)] = o.Object["spec"]
-	}
-	if len(specs) != len(keys) {
-		t.Errorf("%s lists %d objects at %s, want %d", fx.CRDName(), len(specs), version, len(keys))
-	}
-	for i, k := range keys {
-		if got := specs[k]; !reflect.DeepEqual(got, rich(i)) {
-			t.Errorf("%s %s at %s has spec %v, want %v", fx.CRDName(), k, version, got, rich(i))
-			return
-		}
 	}
 }
 
@@ -139,7 +114,7 @@ func TestPrepareReleases(t *testing.T) {
 		fx.AssertAllStoredAt(t, "v1", releaseObjects)
 		fx.AssertStoredVersions(t, "v1")
 		applyAccepted(t, fx.CRDName(), "v1")
-		assertEveryField(t, fx, "v1", keys)
+		assertReadsAt(t, fx, keys, rich, "v1")
 	})
 
 	t.Run("b: changes nothing stored", func(t *testing.T) {
@@ -289,7 +264,7 @@ func TestPrepare(t *testing.T) {
 		fx.AssertAllStoredAt(t, "v1", releaseObjects)
 		fx.AssertStoredVersions(t, "v1")
 		applyAccepted(t, fx.CRDName(), "v1")
-		assertEveryField(t, fx, "v1", keys[fx.CRDName()])
+		assertReadsAt(t, fx, keys[fx.CRDName()], rich, "v1")
 	}
 	if after := crdVersion(t, skipped.CRDName()); after != skippedBefore {
 		t.Errorf("the blocked CRD's resourceVersion moved from %s to %s", skippedBefore, after)
