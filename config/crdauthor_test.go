@@ -88,27 +88,10 @@ func TestCRDAuthorHook(t *testing.T) {
 
 	jobKey := client.ObjectKey{Namespace: namespace, Name: name + "-restow-run"}
 	prepareKey := client.ObjectKey{Namespace: namespace, Name: name + "-restow-prepare"}
-	cfg := helmConfig(t, namespace)
-	t.Cleanup(func() {
-		// Uninstalling deletes the CRD, which is a template, with its objects.
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		if _, err := cfg.Releases.Last(name); err == nil {
-			uninstallChart(t, cfg, name)
-		}
-		if err := env.DeleteCRD(ctx, crdName); err != nil {
-			t.Error(err)
-		}
-	})
+	cfg := authorRelease(t, name, crdName)
 
 	// helm install: the hook runs at once; nothing is stored at an old version.
-	install := action.NewInstall(cfg)
-	install.ReleaseName, install.Namespace, install.CreateNamespace = name, namespace, true
-	install.WaitStrategy, install.Timeout = kube.HookOnlyStrategy, 2*time.Minute
-	runs, err := withJobStandIn(t, namespace, nil, func() error {
-		_, err := install.RunWithContext(ctx, first, nil)
-		return err
-	})
+	runs, err := installAuthor(t, cfg, name, first)
 	if run := runs[jobKey.Name]; err != nil || run.code != 0 || len(runs) != 1 {
 		t.Fatalf("helm install: %v; the hooks ran %+v, want the run hook alone, exit 0", err, runs)
 	}
@@ -221,17 +204,7 @@ func TestCRDAuthorPrepareHook(t *testing.T) {
 	const name, namespace = "crontab-prepare", "crontab-prepare"
 	fx := testenv.Fixture{Env: env, Group: "stable.example.com", Kind: "CronTab", Plural: "crontabs", Namespaced: true}
 	crdName := fx.CRDName()
-	cfg := helmConfig(t, namespace)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		if _, err := cfg.Releases.Last(name); err == nil {
-			uninstallChart(t, cfg, name)
-		}
-		if err := env.DeleteCRD(ctx, crdName); err != nil {
-			t.Error(err)
-		}
-	})
+	cfg := authorRelease(t, name, crdName)
 	upgrade := func(ch *chart.Chart) error {
 		up := action.NewUpgrade(helmConfig(t, namespace))
 		up.Namespace, up.WaitStrategy, up.Timeout = namespace, kube.HookOnlyStrategy, 3*time.Minute
@@ -241,16 +214,11 @@ func TestCRDAuthorPrepareHook(t *testing.T) {
 
 	// Releases 1.0.0 (storage v1beta1) and 2.0.0 (storage v1), without
 	// restow's hooks, and objects written in between.
-	install := action.NewInstall(cfg)
-	install.ReleaseName, install.Namespace, install.CreateNamespace = name, namespace, true
-	install.WaitStrategy, install.Timeout = kube.HookOnlyStrategy, 2*time.Minute
-	if _, err := install.RunWithContext(ctx, authorChart(t, "1.0.0", readChartFile(t, "samples/crontabs/crd-storage-v1beta1.yaml"), false), nil); err != nil {
+	if _, err := installAuthor(t, cfg, name, authorChart(t, "1.0.0", readChartFile(t, "samples/crontabs/crd-storage-v1beta1.yaml"), false)); err != nil {
 		t.Fatalf("helm install: %v", err)
 	}
 	const n = 2000
-	spec := func(i int) map[string]any {
-		return map[string]any{"cronSpec": fmt.Sprintf("*/%d * * * *", i%59+1), "image": fmt.Sprintf("registry.example.com/job:%d", i), "replicas": int64(i % 5)}
-	}
+	spec := cronTabSpec
 	keys := fx.CreateObjects(t, "v1beta1", n, spec, "crontab-prepare-a", "crontab-prepare-b")
 	if err := upgrade(authorChart(t, "2.0.0", readChartFile(t, "samples/crontabs/crd-storage-v1.yaml"), false)); err != nil {
 		t.Fatalf("helm upgrade to 2.0.0: %v", err)
@@ -313,9 +281,7 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 	const n = 2000
 	fx := testenv.Fixture{Env: env, Group: "stable.example.com", Kind: "CronTab", Plural: "crontabs", Namespaced: true}
 	crdName := fx.CRDName()
-	spec := func(i int) map[string]any {
-		return map[string]any{"cronSpec": fmt.Sprintf("*/%d * * * *", i%59+1), "image": fmt.Sprintf("registry.example.com/job:%d", i), "replicas": int64(i % 5)}
-	}
+	spec := cronTabSpec
 	ensureRestowCRD(t)
 	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
 	v1beta1Only := withoutVersion(t, readChartFile(t, "samples/crontabs/crd-storage-v1beta1.yaml"), "v1")
@@ -324,26 +290,11 @@ func TestCRDAuthorBridgeHooks(t *testing.T) {
 	// write the objects, then each step; it uninstalls and deletes the CRD.
 	type step func(name string, cfg *action.Configuration, hooks bool) (map[string]hookRun, error)
 	release := func(t *testing.T, name string, hooks bool, first []byte, steps ...step) (map[string]hookRun, []client.ObjectKey, error) {
-		namespace := name
-		cfg := helmConfig(t, namespace)
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			if _, err := cfg.Releases.Last(name); err == nil {
-				uninstallChart(t, cfg, name)
-			}
-			deleteMigration(t, crdName)
-			if err := env.DeleteCRD(ctx, crdName); err != nil {
-				t.Error(err)
-			}
-		})
-		install := action.NewInstall(cfg)
-		install.ReleaseName, install.Namespace, install.CreateNamespace = name, namespace, true
-		install.WaitStrategy, install.Timeout = kube.HookOnlyStrategy, 2*time.Minute
-		if _, err := withJobStandIn(t, namespace, nil, func() error {
-			_, err := install.RunWithContext(ctx, authorChart(t, "1.0.0", first, hooks), nil)
-			return err
-		}); err != nil {
+		cfg := authorRelease(t, name, crdName)
+		// Before the uninstall: prepare's StorageMigration, which the test
+		// control plane's missing garbage collector would leave.
+		t.Cleanup(func() { deleteMigration(t, crdName) })
+		if _, err := installAuthor(t, cfg, name, authorChart(t, "1.0.0", first, hooks)); err != nil {
 			t.Fatalf("helm install: %v", err)
 		}
 		keys := fx.CreateObjects(t, "v1beta1", n, spec, name)
@@ -494,6 +445,43 @@ func ensureRestowCRD(t *testing.T) {
 		t.Fatal(err)
 	}
 	env.InstallCRDForTest(t, crd)
+}
+
+// authorRelease is the Helm configuration of a release of the CRD author's
+// chart named name, in a namespace of the same name; when the test ends it
+// is uninstalled and its CRD, a template, deleted with its objects.
+func authorRelease(t *testing.T, name, crdName string) *action.Configuration {
+	t.Helper()
+	cfg := helmConfig(t, name)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := cfg.Releases.Last(name); err == nil {
+			uninstallChart(t, cfg, name)
+		}
+		if err := env.DeleteCRD(ctx, crdName); err != nil {
+			t.Error(err)
+		}
+	})
+	return cfg
+}
+
+// installAuthor installs ch as release name, as `helm install
+// --create-namespace --wait=hookOnly` does, standing in for its hook Jobs.
+func installAuthor(t *testing.T, cfg *action.Configuration, name string, ch *chart.Chart) (map[string]hookRun, error) {
+	t.Helper()
+	install := action.NewInstall(cfg)
+	install.ReleaseName, install.Namespace, install.CreateNamespace = name, name, true
+	install.WaitStrategy, install.Timeout = kube.HookOnlyStrategy, 2*time.Minute
+	return withJobStandIn(t, name, nil, func() error {
+		_, err := install.RunWithContext(t.Context(), ch, nil)
+		return err
+	})
+}
+
+// cronTabSpec is the spec of the i-th CronTab the hook tests write.
+func cronTabSpec(i int) map[string]any {
+	return map[string]any{"cronSpec": fmt.Sprintf("*/%d * * * *", i%59+1), "image": fmt.Sprintf("registry.example.com/job:%d", i), "replicas": int64(i % 5)}
 }
 
 // hookRun is one run of the hook Job's command.

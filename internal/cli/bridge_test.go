@@ -262,15 +262,7 @@ func TestBridgeReleases(t *testing.T) {
 				t.Errorf("preflight does not name %q", want)
 			}
 		}
-		out, _, code = restow(t, "prepare", "-f", release, "--in-process")
-		if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": blocked, left as it is") {
-			t.Errorf("prepare exited %d, want %d and left as it is", code, cli.ExitBlocked)
-		}
-		if after := crdVersion(t, fx.CRDName()); after != before {
-			t.Errorf("the CRD's resourceVersion moved from %s to %s", before, after)
-		}
-		fx.AssertAllStoredAt(t, "v1", releaseObjects)
-		fx.AssertStoredVersions(t, "v1")
+		assertLeftAsItIs(t, fx, release, before, "v1")
 	})
 
 	t.Run("e: the storage version flipped back during prepare", func(t *testing.T) {

@@ -214,6 +214,7 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 		err = run(ctx, c, streams, m.Name, runOptions{
 			prune: true, concurrency: migrator.DefaultConcurrency, pageSize: migrator.DefaultPageSize,
 			settleWindow: opts.settleWindow, lagBound: migrator.DefaultLagBound, lagLimit: migrator.DefaultLagLimit,
+			expectStorage: target,
 		})
 	}
 	if err != nil {

@@ -157,15 +157,7 @@ func TestPrepareReleases(t *testing.T) {
 		if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": blocked: the manifest drops v1alpha1, the live storage version") {
 			t.Errorf("preflight exited %d, want %d and blocked", code, cli.ExitBlocked)
 		}
-		out, _, code = restow(t, "prepare", "-f", release, "--in-process")
-		if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": blocked, left as it is") {
-			t.Errorf("prepare exited %d, want %d and left as it is", code, cli.ExitBlocked)
-		}
-		if after := crdVersion(t, fx.CRDName()); after != before {
-			t.Errorf("the CRD's resourceVersion moved from %s to %s: prepare wrote it", before, after)
-		}
-		fx.AssertAllStoredAt(t, "v1alpha1", releaseObjects)
-		fx.AssertStoredVersions(t, "v1alpha1")
+		assertLeftAsItIs(t, fx, release, before, "v1alpha1")
 	})
 
 	t.Run("d: a conversion webhook refuses one object during prepare", func(t *testing.T) {
@@ -191,6 +183,23 @@ func TestPrepareReleases(t *testing.T) {
 		}
 		applyRelease(t, fx.CRDName(), "v1", "status.storedVersions[0]: Invalid value: \"v1alpha1\": missing from spec.versions")
 	})
+}
+
+// assertLeftAsItIs runs prepare on a release that is blocked and checks
+// that it says so, exits ExitBlocked and changes nothing: the CRD's
+// resourceVersion is before, and etcd holds every object at version alone,
+// the one version status.storedVersions lists.
+func assertLeftAsItIs(t *testing.T, fx testenv.Fixture, release, before, version string) {
+	t.Helper()
+	out, _, code := restow(t, "prepare", "-f", release, "--in-process")
+	if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": blocked, left as it is") {
+		t.Errorf("prepare exited %d, want %d and left as it is", code, cli.ExitBlocked)
+	}
+	if after := crdVersion(t, fx.CRDName()); after != before {
+		t.Errorf("the CRD's resourceVersion moved from %s to %s: prepare wrote it", before, after)
+	}
+	fx.AssertAllStoredAt(t, version, releaseObjects)
+	fx.AssertStoredVersions(t, version)
 }
 
 // applyAccepted applies the release that keeps version alone, which the API

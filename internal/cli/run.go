@@ -37,6 +37,10 @@ type runOptions struct {
 	several      bool
 	timeout      time.Duration
 	namespace    string
+	// expectStorage, when set, is the storage version the caller made the
+	// live one: a pass that resolves another (it moved back meanwhile)
+	// does not start.
+	expectStorage string
 }
 
 func newRunCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -124,6 +128,9 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 		return err
 	}
 	version := target.TargetVersion()
+	if opts.expectStorage != "" && version != opts.expectStorage {
+		return fmt.Errorf("%s is stored at %s, not %s as this run set it: no pass was made", gr, version, opts.expectStorage)
+	}
 	if opts.namespace != "" {
 		if !target.Namespaced {
 			return fmt.Errorf("%s is cluster-scoped: --namespace does not apply", gr)
