@@ -27,64 +27,126 @@ import (
 const shownLosses = 10
 
 // fieldCheck proves, before prepare writes anything, that no object of crd
-// loses a field when it is stored at v.Bridge: every object is read at
-// every version it may be stored at (status.storedVersions and the storage
-// version) and at the bridge, and what the bridge does not return is lost
-// (the API server prunes what a version's schema lacks, silently); and each
-// object, as stored at the live storage version, is sent to the bridge in
-// a server-side dry run with strict field validation, which names fields
-// the bridge's schema does not declare and refuses objects it would not
-// accept. Anything lost or refused makes v blocked, naming the objects and
-// fields, never their values. A CRD whose conversion is a webhook is
-// blocked too: the API server's reads say what the webhook returns, not
-// what a round trip through it keeps.
+// loses a field when it is stored at v.Bridge, and makes v blocked,
+// naming the objects and fields (never their values), if any would: with
+// conversion None, by comparing what the API server reads at each version
+// (readLosses); with a webhook, by a round trip through it (roundTrip).
+// Every version objects may be stored at must be served, or they cannot
+// be read.
 func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict) error {
 	block := func(format string, args ...any) {
 		v.State = preflight.Blocked
 		v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version; ", v.Storage) + fmt.Sprintf(format, args...)
 	}
-	if conv := crd.Spec.Conversion; conv != nil && conv.Strategy == apiextensionsv1.WebhookConverter {
-		block("its conversion is a webhook, and restow cannot prove yet that a round trip through it to %s keeps every field: apply a release in between that keeps %s first", v.Bridge, v.Storage)
-		return nil
-	}
+	stored := storedAt(crd)
 	live := preflight.LiveOf(crd)
-	stored := slices.Clone(live.StoredVersions)
-	if !slices.Contains(stored, live.Storage) {
-		stored = append(stored, live.Storage)
-	}
 	for _, version := range stored {
 		if !slices.Contains(live.Served, version) {
 			block("objects may be stored at %s, which the live CRD does not serve, so restow cannot read them to prove that %s keeps every field: serve %s, or apply a release in between first", version, v.Bridge, version)
 			return nil
 		}
 	}
-
-	// Read at every version served, stored ones first: a field any read
-	// shows is one the bridge must keep.
 	versions := stored
 	for _, s := range live.Served {
 		versions = appendNew(versions, s)
 	}
-	gvr := schema.GroupVersionResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
-	kind := crd.Spec.Names.Kind
-	at := func(version string) (map[client.ObjectKey]*unstructured.Unstructured, error) {
-		return c.listAll(ctx, schema.GroupVersionKind{Group: gvr.Group, Version: version, Kind: kind})
+	var losses map[client.ObjectKey][]string
+	var err error
+	if viaWebhook(crd) {
+		losses, err = c.roundTrip(ctx, crd, stored, v.Bridge)
+		// Field names may differ between versions: only the bridge's own
+		// schema, live and in the release, can be compared.
+		versions = []string{v.Bridge}
+	} else {
+		losses, err = c.readLosses(ctx, crd, versions, v.Bridge)
 	}
-	bridged, err := at(v.Bridge)
 	if err != nil {
 		return err
+	}
+	if len(losses) > 0 {
+		block("%s would lose fields or be refused at %s, the only version that could carry them across: %s. Nothing was changed. Apply a release that keeps %s, or move those fields out of the objects, first",
+			objectCount(len(losses)), v.Bridge, nameLosses(losses), v.Storage)
+		return nil
+	}
+	// No object sets such a field now, but one written with it before the
+	// migration ends would lose it, and so would one the release's own
+	// schema of the bridge drops after the apply: fail closed.
+	loss := preflight.SchemaLoss(crd, versions, crd, v.Bridge)
+	if manifest != nil {
+		loss = append(loss, preflight.SchemaLoss(crd, versions, manifest, v.Bridge)...)
+	}
+	if len(loss) > 0 {
+		block("no object sets a field %s lacks now, but the schemas allow fields it does not (%s): an object written with one before the migration ends, or read after the release's apply, would lose it. Nothing was changed. Apply a release that keeps %s first",
+			v.Bridge, strings.Join(slices.Compact(loss), "; "), v.Storage)
+		return nil
+	}
+	if viaWebhook(crd) {
+		v.Warnings = append(v.Warnings, fmt.Sprintf("the conversion webhook took every object to %s and back without loss; prepare checks again right after it switches the storage version, and moves it back if an object written meanwhile would lose a field. The release's own webhook must convert from %s too", v.Bridge, v.Bridge))
+	}
+	owner, _ := versionsOwner(crd)
+	v.Warnings = append(v.Warnings, fmt.Sprintf("prepare writes the storage version as field manager %s, which owns spec.versions; if %s re-applies this CRD during prepare (an operator that manages its own CRDs, a GitOps self-heal), it moves the storage version back and prepare stops, pruning nothing: pause it first", owner, owner))
+	return nil
+}
+
+// storedAt lists the versions crd's objects may be stored at:
+// status.storedVersions and the storage version.
+func storedAt(crd *apiextensionsv1.CustomResourceDefinition) []string {
+	live := preflight.LiveOf(crd)
+	return appendNew(slices.Clone(live.StoredVersions), live.Storage)
+}
+
+// objectCount says "1 object" or "n objects".
+func objectCount(n int) string {
+	if n == 1 {
+		return "1 object"
+	}
+	return fmt.Sprintf("%d objects", n)
+}
+
+// nameLosses names the first shownLosses objects of losses, in order, each
+// with its fields.
+func nameLosses(losses map[client.ObjectKey][]string) string {
+	keys := make([]client.ObjectKey, 0, len(losses))
+	for k := range losses {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b client.ObjectKey) int { return strings.Compare(a.String(), b.String()) })
+	shown := keys[:min(len(keys), shownLosses)]
+	named := make([]string, 0, len(shown))
+	for _, k := range shown {
+		named = append(named, fmt.Sprintf("%s (%s)", strings.TrimPrefix(k.String(), "/"), strings.Join(losses[k], ", ")))
+	}
+	return strings.Join(named, "; ")
+}
+
+// readLosses reads every object of crd at each of versions (the versions
+// it may be stored at first) and at bridge: what the bridge does not
+// return is lost (the API server prunes what a version's schema lacks,
+// silently). Each object, as stored at the live storage version, is then
+// sent to the bridge in a server-side dry run with strict field
+// validation, which names fields the bridge's schema does not declare and
+// refuses objects it would not accept. It returns, by object, the fields
+// lost or refused.
+func (c *clients) readLosses(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, versions []string, bridge string) (map[client.ObjectKey][]string, error) {
+	storage := preflight.LiveOf(crd).Storage
+	at := func(version string) (map[client.ObjectKey]*unstructured.Unstructured, error) {
+		return c.listAll(ctx, schema.GroupVersionKind{Group: crd.Spec.Group, Version: version, Kind: crd.Spec.Names.Kind})
+	}
+	bridged, err := at(bridge)
+	if err != nil {
+		return nil, err
 	}
 	losses := map[client.ObjectKey][]string{}
 	var atStorage map[client.ObjectKey]*unstructured.Unstructured
 	for _, version := range versions {
-		if version == v.Bridge {
+		if version == bridge {
 			continue
 		}
 		objs, err := at(version)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if version == live.Storage {
+		if version == storage {
 			atStorage = objs
 		}
 		for key, o := range objs {
@@ -94,11 +156,11 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 				// is gone (deleted between the lists); anything else is
 				// compared as any other.
 				b = &unstructured.Unstructured{}
-				b.SetGroupVersionKind(schema.GroupVersionKind{Group: gvr.Group, Version: v.Bridge, Kind: kind})
+				b.SetGroupVersionKind(schema.GroupVersionKind{Group: crd.Spec.Group, Version: bridge, Kind: crd.Spec.Names.Kind})
 				if err := c.client.Get(ctx, key, b); apierrors.IsNotFound(err) {
 					continue
 				} else if err != nil {
-					return fmt.Errorf("reading %s at %s: %w", key, v.Bridge, err)
+					return nil, fmt.Errorf("reading %s at %s: %w", key, bridge, err)
 				}
 			}
 			if missing := preflight.Missing(preflight.FieldPaths(o.Object), preflight.FieldPaths(b.Object)); len(missing) > 0 {
@@ -106,42 +168,14 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 			}
 		}
 	}
-	refused, err := c.strictDryRuns(ctx, atStorage, v.Bridge)
+	refused, err := c.strictDryRuns(ctx, atStorage, bridge)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for key, fields := range refused {
 		losses[key] = appendNew(losses[key], fields...)
 	}
-	if len(losses) == 0 {
-		// No object sets such a field now, but one written with it before
-		// the migration ends would lose it, and so would one the release's
-		// own schema of the bridge drops after the apply: fail closed.
-		loss := preflight.SchemaLoss(crd, versions, crd, v.Bridge)
-		if manifest != nil {
-			loss = append(loss, preflight.SchemaLoss(crd, versions, manifest, v.Bridge)...)
-		}
-		if len(loss) > 0 {
-			block("no object sets a field %s lacks now, but the schemas allow fields it does not (%s): an object written with one before the migration ends, or read after the release's apply, would lose it. Nothing was changed. Apply a release that keeps %s first",
-				v.Bridge, strings.Join(slices.Compact(loss), "; "), v.Storage)
-			return nil
-		}
-		owner, _ := versionsOwner(crd)
-		v.Warnings = append(v.Warnings, fmt.Sprintf("prepare writes the storage version as field manager %s, which owns spec.versions; if %s re-applies this CRD during prepare (an operator that manages its own CRDs, a GitOps self-heal), it moves the storage version back and prepare stops, pruning nothing: pause it first", owner, owner))
-		return nil
-	}
-	keys := make([]client.ObjectKey, 0, len(losses))
-	for k := range losses {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b client.ObjectKey) int { return strings.Compare(a.String(), b.String()) })
-	var named []string
-	for _, k := range keys[:min(len(keys), shownLosses)] {
-		named = append(named, fmt.Sprintf("%s (%s)", strings.TrimPrefix(k.String(), "/"), strings.Join(losses[k], ", ")))
-	}
-	block("%d objects would lose fields or be refused at %s, the only version that could carry them across: %s. Nothing was changed. Apply a release that keeps %s, or move those fields out of the objects, first",
-		len(keys), v.Bridge, strings.Join(named, "; "), v.Storage)
-	return nil
+	return losses, nil
 }
 
 // appendNew appends the items of more that list lacks.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -203,6 +204,11 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 			return v.State, err
 		}
 		fmt.Fprintf(streams.Out, "%s: made %s the live storage version in place of %s (as field manager %s, which owns spec.versions), after checking that no object loses a field at it\n", v.CRD, v.Bridge, v.Storage, manager)
+		if viaWebhook(crd) {
+			if err := c.recheck(ctx, m.Name, v); err != nil {
+				return preflight.Blocked, err
+			}
+		}
 	}
 	if viaOperator {
 		fmt.Fprintf(streams.Out, "%s: the restow operator migrates it (restow's StorageMigration API is installed), so that it runs no second migration beside this one\n", v.CRD)
@@ -258,4 +264,33 @@ func (c *clients) flippedBack(ctx context.Context, name, version string) error {
 	// spec.versions is an atomic list: whoever wrote it last owns it.
 	writer, _ := versionsOwner(crd)
 	return fmt.Errorf("the storage version of CRD %s went from %s to %s while prepare migrated (spec.versions is now field manager %s's): nothing was pruned. Something re-applies the old CRD (an operator that manages its own CRDs, a GitOps self-heal): pause it, then run prepare again", name, version, live.Storage, writer)
+}
+
+// recheck runs the round trip through the conversion webhook again right
+// after the storage switch, for objects written at the old storage version
+// between the first check and the switch (no write after it is stored
+// there); if one would lose a field, or the webhook fails, it moves the
+// storage version back to v.Storage and stops, before this process
+// migrates anything and with nothing pruned.
+func (c *clients) recheck(ctx context.Context, name string, v preflight.Verdict) error {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		return err
+	}
+	stored := slices.DeleteFunc(storedAt(crd), func(s string) bool { return s == v.Bridge })
+	losses, err := c.roundTrip(ctx, crd, stored, v.Bridge)
+	if err == nil && len(losses) == 0 {
+		return nil
+	}
+	why := fmt.Sprintf("the check after the switch failed: %v", err)
+	if err == nil {
+		why = fmt.Sprintf("after the switch, %s written at %s meanwhile would lose fields at %s: %s", objectCount(len(losses)), v.Storage, v.Bridge, nameLosses(losses))
+	}
+	back := fmt.Sprintf("moved the storage version back to %s", v.Storage)
+	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		back = fmt.Sprintf("could not move the storage version back to %s (%v): apply the installed release again", v.Storage, err)
+	} else if _, err := c.switchStorage(ctx, crd, v.Storage); err != nil {
+		back = fmt.Sprintf("could not move the storage version back to %s (%v): apply the installed release again", v.Storage, err)
+	}
+	return &exitError{code: ExitBlocked, err: fmt.Errorf("%s; %s, and nothing was pruned", why, back)}
 }

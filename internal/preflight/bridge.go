@@ -1,6 +1,7 @@
 package preflight
 
 import (
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -107,33 +108,36 @@ func join(path, name string) string {
 // metadata, apiVersion and kind left out.
 func FieldPaths(obj map[string]any) []string {
 	var out []string
-	var walk func(path string, v any)
-	walk = func(path string, v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if len(v) == 0 && path != "" {
-				out = append(out, path)
-			}
-			for k, c := range v {
-				if path == "" && (k == "apiVersion" || k == "kind" || k == "metadata") {
-					continue
-				}
-				walk(join(path, k), c)
-			}
-		case []any:
-			if len(v) == 0 {
-				out = append(out, path)
-			}
-			for _, c := range v {
-				walk(path+"[]", c)
-			}
-		default:
-			out = append(out, path)
+	for k, v := range obj {
+		if k != "apiVersion" && k != "kind" && k != "metadata" {
+			out = leaves(out, k, v)
 		}
 	}
-	walk("", obj)
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// leaves appends the paths of every leaf and empty container of v, at path.
+func leaves(out []string, path string, v any) []string {
+	switch v := v.(type) {
+	case map[string]any:
+		if len(v) == 0 {
+			out = append(out, path)
+		}
+		for k, c := range v {
+			out = leaves(out, join(path, k), c)
+		}
+	case []any:
+		if len(v) == 0 {
+			out = append(out, path)
+		}
+		for _, c := range v {
+			out = leaves(out, path+"[]", c)
+		}
+	default:
+		out = append(out, path)
+	}
+	return out
 }
 
 // Missing lists the paths of have that want lacks: what an object read at
@@ -173,4 +177,68 @@ func SchemaLoss(from *apiextensionsv1.CustomResourceDefinition, versions []strin
 		}
 	}
 	return out
+}
+
+// Changed lists the paths, in the notation of FieldPaths, where after
+// differs from before: a field before has that after lacks or holds with
+// another value, or a list of another length. Labels and annotations are
+// compared too (a conversion may change them, and what it drops is lost);
+// the rest of metadata, apiVersion and kind are not. It is what a round
+// trip through a conversion lost.
+func Changed(before, after map[string]any) []string {
+	var out []string
+	var walk func(path string, b, a any)
+	walk = func(path string, b, a any) {
+		switch b := b.(type) {
+		case map[string]any:
+			am, ok := a.(map[string]any)
+			if !ok {
+				out = leaves(out, path, b)
+				return
+			}
+			if len(b) == 0 && len(am) != 0 {
+				out = append(out, path)
+				return
+			}
+			for k, bc := range b {
+				ac, found := am[k]
+				if !found {
+					out = leaves(out, join(path, k), bc)
+					continue
+				}
+				walk(join(path, k), bc, ac)
+			}
+		case []any:
+			al, ok := a.([]any)
+			if !ok || len(al) != len(b) {
+				out = append(out, path)
+				return
+			}
+			for i := range b {
+				walk(path+"[]", b[i], al[i])
+			}
+		default:
+			if !reflect.DeepEqual(b, a) {
+				out = append(out, path)
+			}
+		}
+	}
+	for k, bc := range before {
+		switch k {
+		case "apiVersion", "kind":
+			continue
+		case "metadata":
+			bm, _ := bc.(map[string]any)
+			am, _ := after[k].(map[string]any)
+			for _, field := range []string{"labels", "annotations"} {
+				if bm[field] != nil {
+					walk("metadata."+field, bm[field], am[field])
+				}
+			}
+			continue
+		}
+		walk(k, bc, after[k])
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

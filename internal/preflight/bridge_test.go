@@ -77,3 +77,41 @@ func TestFieldPaths(t *testing.T) {
 		t.Errorf("Missing = %v", missing)
 	}
 }
+
+func TestChanged(t *testing.T) {
+	before := map[string]any{
+		"apiVersion": "a.example.com/v1alpha1",
+		"metadata":   map[string]any{"name": "o", "labels": map[string]any{"team": "x"}, "annotations": map[string]any{"note": "n"}},
+		"spec": map[string]any{
+			"n": int64(3), "label": "l", "tags": []any{"a", "b"},
+			"nested": map[string]any{"ratio": "0.25", "deep": map[string]any{"x": true}},
+			"empty":  map[string]any{},
+		},
+		"status": map[string]any{"phase": "Ready"},
+	}
+	same := map[string]any{
+		"apiVersion": "a.example.com/v1beta1",
+		"metadata":   map[string]any{"name": "o", "resourceVersion": "9", "labels": map[string]any{"team": "x"}, "annotations": map[string]any{"note": "n"}},
+		"spec": map[string]any{
+			"n": int64(3), "label": "l", "tags": []any{"a", "b"}, "added": "fine",
+			"nested": map[string]any{"ratio": "0.25", "deep": map[string]any{"x": true}},
+			"empty":  map[string]any{},
+		},
+		"status": map[string]any{"phase": "Ready"},
+	}
+	if got := Changed(before, same); len(got) != 0 {
+		t.Errorf("Changed of a faithful round trip = %v, want none", got)
+	}
+	lossy := map[string]any{
+		"metadata": map[string]any{"name": "o", "labels": map[string]any{}},
+		"spec": map[string]any{
+			"n": int64(4), "tags": []any{"a"},
+			"nested": map[string]any{"ratio": "0.25"},
+			"empty":  map[string]any{"x": "y"},
+		},
+	}
+	want := []string{"metadata.annotations.note", "metadata.labels.team", "spec.empty", "spec.label", "spec.n", "spec.nested.deep.x", "spec.tags", "status.phase"}
+	if got := Changed(before, lossy); !slices.Equal(got, want) {
+		t.Errorf("Changed = %v, want %v", got, want)
+	}
+}
