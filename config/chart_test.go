@@ -46,6 +46,7 @@ import (
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/cli"
+	"github.com/restow/restow/internal/doccheck"
 	"github.com/restow/restow/internal/operator"
 )
 
@@ -296,6 +297,25 @@ func TestChartServiceMonitor(t *testing.T) {
 	}
 }
 
+// TestChartMetricsReaderName: the metrics reader's ClusterRole is named as
+// the chart's README says, for a release whose name contains "restow" and
+// one whose name does not.
+func TestChartMetricsReaderName(t *testing.T) {
+	for release, want := range map[string]string{"restow": "restow-metrics-reader", "monitoring": "monitoring-restow-metrics-reader"} {
+		objs, _ := renderChart(t, release, "restow-system", nil)
+		if !slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "ClusterRole" && o.GetName() == want }) {
+			t.Errorf("release %s renders no ClusterRole %s", release, want)
+		}
+		readme, err := os.ReadFile("../charts/restow/README.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(strings.Join(strings.Fields(string(readme)), " "), "`"+want+"` for release `"+release+"`") {
+			t.Errorf("the chart's README does not give %s for release %s", want, release)
+		}
+	}
+}
+
 // TestChartNotes: what `helm install` prints says what restow will do by
 // itself with the values given, built-in resources included whether or not
 // CRDs are migrated automatically.
@@ -331,6 +351,39 @@ func TestChartNotes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestChartSetsEveryFlag: every flag of the manager (docs/operations.md's
+// table, which cmd/manager's tests hold to the code) has a value of the
+// chart's, or is named in the chart README's extraArgs row as one to set
+// there.
+func TestChartSetsEveryFlag(t *testing.T) {
+	flags, err := doccheck.FlagTable("../docs/operations.md", "## Flags")
+	if err != nil {
+		t.Fatal(err)
+	}
+	helpers, err := os.ReadFile("../charts/restow/templates/_helpers.tpl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../charts/restow/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var extraArgs string
+	for line := range strings.SplitSeq(string(readme), "\n") {
+		if strings.HasPrefix(line, "| `extraArgs` |") {
+			extraArgs = line
+		}
+	}
+	for _, f := range flags {
+		if f.Name == "kubeconfig" || f.Name == "version" {
+			continue
+		}
+		if !strings.Contains(string(helpers), "--"+f.Name) && !strings.Contains(extraArgs, "`--"+f.Name+"`") {
+			t.Errorf("--%s has no value of the chart's, and the chart README's extraArgs row does not name it", f.Name)
+		}
 	}
 }
 
