@@ -58,10 +58,7 @@ func judge(target migrator.Target, state runState, now time.Time) verdict {
 			withEvents(stepEvent{corev1.EventTypeNormal, migrationv1alpha1.ProgressingReason, "Migrate", fmt.Sprintf("CRD %s changed during the pass; starting a new pass", target.CRD.Name)}),
 			next: nextRestart, result: "restarted"}
 	case errors.As(err, &stalledErr):
-		reason := migrationv1alpha1.UnsupportedReason
-		if stalledErr.Reason == migrator.ReasonAPIServerLagging {
-			reason = migrationv1alpha1.APIServerLaggingReason
-		}
+		reason := stalledErr.Why()
 		return verdict{outcome: stalled(reason, stalledErr.Message).
 			withEvents(stepEvent{corev1.EventTypeWarning, reason, "Migrate", stalledErr.Message}),
 			next: nextStalled, result: "stalled"}

@@ -377,7 +377,7 @@ func untilTimeout(ctx context.Context, timeout time.Duration, fn func(context.Co
 }
 
 // errNotInstalled: the cluster has no StorageMigration API.
-var errNotInstalled = errors.New("the cluster has no StorageMigration API: install restow (kubectl apply -k config/default), or use `kubectl restow run`, which needs no operator")
+var errNotInstalled = errors.New("the cluster has no StorageMigration API: install restow (its install.yaml or Helm chart: https://github.com/restow/restow/blob/main/docs/install.md), or use `kubectl restow run`, which needs no operator")
 
 func (c *clients) storageMigrations(ctx context.Context) ([]migrationv1alpha1.StorageMigration, error) {
 	var list migrationv1alpha1.StorageMigrationList

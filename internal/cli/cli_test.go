@@ -331,7 +331,8 @@ func TestMigrateWaitStalledAndTimeout(t *testing.T) {
 
 	// No operator yet: nothing answers, and migrate says so.
 	if _, errOut, code := restow(t, "migrate", w.crdName(), "--wait", "--operator-timeout", "2s"); code != cli.ExitNoOperator ||
-		!strings.Contains(errOut, "no restow operator answered StorageMigration "+w.crdName()+" within 2s") || !strings.Contains(errOut, "kubectl restow run") {
+		!strings.Contains(errOut, "no restow operator answered StorageMigration "+w.crdName()+" within 2s") || !strings.Contains(errOut, "kubectl restow run") ||
+		!strings.Contains(errOut, "kubectl get deployments -A -l app.kubernetes.io/name=restow") {
 		t.Errorf("migrate --wait without an operator exited %d, want %d saying no operator answered", code, cli.ExitNoOperator)
 	}
 	if _, errOut, code := restow(t, "migrate", w.crdName(), "--wait", "--timeout", "1s"); code != cli.ExitTimeout || !strings.Contains(errOut, "timed out") {

@@ -159,7 +159,7 @@ func waitForOperator(ctx context.Context, c *clients, asked *migrationv1alpha1.S
 	case errors.Is(err, context.DeadlineExceeded):
 		return &exitError{code: ExitNoOperator, err: fmt.Errorf(
 			"no restow operator answered StorageMigration %s within %s (its status did not change): is the operator running? "+
-				"(kubectl -n restow-system get deployment restow-controller-manager); `kubectl restow run %s` migrates without one",
+				"(kubectl get deployments -A -l app.kubernetes.io/name=restow, in any namespace and under any release name); `kubectl restow run %s` migrates without one",
 			asked.Name, limit, asked.Spec.Resource)}
 	}
 	return err

@@ -15,7 +15,6 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/cli-runtime/pkg/printers"
 
-	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/storedversions"
 )
@@ -55,8 +54,12 @@ status.storedVersions. Before it prunes it waits out the settle window
 (--settle-window, counted from when every API server stores at the new
 version), so that writes that began on the old storage have ended, and
 rewrites again what others wrote meanwhile. On a control plane of several API
-servers (or an unknown number) it first waits --apiserver-lag-bound, since each
-server switches when its own informer sees the CRD update. It needs no operator: use it in CI
+servers (or an unknown number) it first reads each server's own discovery at
+its address, since each switches when its own informer sees the CRD update,
+and starts once every one shows the switch; it waits --apiserver-lag-bound
+after the switch only for a server it cannot reach or verify, and stops
+(APIServerLagging) if one it reaches still stores at the old version after
+--apiserver-lag-limit. It needs no operator: use it in CI
 jobs, Helm hooks and Argo CD PostSync hooks. With -n/--namespace it rewrites
 the objects of one namespace and never prunes: the other namespaces are not
 proven. It exits 2 if the resource cannot be migrated or objects could not be
@@ -206,7 +209,7 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	case errors.Is(err, storedversions.ErrCRDChanged):
 		return fmt.Errorf("CRD %s changed during the pass, so status.storedVersions was not pruned: run again", target.CRD.Name)
 	case errors.As(err, &stalledErr):
-		return &exitError{code: ExitPending, err: fmt.Errorf("%s: %s; nothing was pruned", migrationv1alpha1.UnsupportedReason, stalledErr.Message)}
+		return &exitError{code: ExitPending, err: fmt.Errorf("%s: %s; nothing was pruned", stalledErr.Why(), stalledErr.Message)}
 	default:
 		return fmt.Errorf("the pass stopped: %s", migrator.Message(err))
 	}
@@ -250,7 +253,7 @@ func resolveWhenServed(ctx context.Context, c *clients, streams genericiooptions
 			}
 			return false, nil
 		case errors.As(err, &stalledErr):
-			return false, &exitError{code: ExitPending, err: fmt.Errorf("%s: %s", migrationv1alpha1.UnsupportedReason, stalledErr.Message)}
+			return false, &exitError{code: ExitPending, err: fmt.Errorf("%s: %s", stalledErr.Why(), stalledErr.Message)}
 		}
 		return err == nil, err
 	})

@@ -240,6 +240,19 @@ const ReasonAPIServerLagging = "APIServerLagging"
 
 func (e *StalledError) Error() string { return "stalled: " + e.Message }
 
+// ReasonUnsupported is the reason of a StalledError without one of its
+// own: the resource cannot be migrated as asked.
+const ReasonUnsupported = "Unsupported"
+
+// Why is the reason a StorageMigration's Stalled condition, or the plugin,
+// gives for e: its Reason, or ReasonUnsupported.
+func (e *StalledError) Why() string {
+	if e.Reason != "" {
+		return e.Reason
+	}
+	return ReasonUnsupported
+}
+
 // WaitError means the migration has not started because the API server is
 // not ready for it yet (it does not store at the new version yet).
 type WaitError struct {
