@@ -32,8 +32,10 @@ const shownLosses = 10
 // conversion None, by comparing what the API server reads at each version
 // (readLosses); with a webhook, by a round trip through it (roundTrip).
 // Every version objects may be stored at must be served, or they cannot
-// be read.
-func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict) error {
+// be read. A webhook is trusted with the objects written while the storage
+// version switches only with trustWebhook (--trust-conversion-webhook): no
+// check can see those.
+func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict, trustWebhook bool) error {
 	block := func(format string, args ...any) {
 		v.State = preflight.Blocked
 		v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version; ", v.Storage) + fmt.Sprintf(format, args...)
@@ -51,17 +53,20 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 		versions = appendNew(versions, s)
 	}
 	var losses map[client.ObjectKey][]string
-	var err error
 	if viaWebhook(crd) {
-		losses, err = c.roundTrip(ctx, crd, stored, v.Bridge)
+		trip, err := c.roundTrip(ctx, crd, stored, v.Bridge)
+		if err != nil {
+			return err
+		}
+		losses = trip.all()
 		// Field names may differ between versions: only the bridge's own
 		// schema, live and in the release, can be compared.
 		versions = []string{v.Bridge}
 	} else {
-		losses, err = c.readLosses(ctx, crd, versions, v.Bridge)
-	}
-	if err != nil {
-		return err
+		var err error
+		if losses, err = c.readLosses(ctx, crd, versions, v.Bridge); err != nil {
+			return err
+		}
 	}
 	if len(losses) > 0 {
 		block("%s would lose fields or be refused at %s, the only version that could carry them across: %s. Nothing was changed. Apply a release that keeps %s, or move those fields out of the objects, first",
@@ -81,10 +86,42 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 		return nil
 	}
 	if viaWebhook(crd) {
-		v.Warnings = append(v.Warnings, fmt.Sprintf("the conversion webhook took every object to %s and back without loss; prepare checks again right after it switches the storage version, and moves it back if an object written meanwhile would lose a field. The release's own webhook must convert from %s too", v.Bridge, v.Bridge))
+		if !trustWebhook {
+			block("its conversion is a webhook, and a round trip through it to %s and back kept every field of every object stored now; but an object written at %s while the storage version switches goes through the webhook unchecked, so restow bridges only with --trust-conversion-webhook, which vouches for the webhook. Nothing was changed", v.Bridge, v.Storage)
+			return nil
+		}
+		v.Warnings = append(v.Warnings, fmt.Sprintf("the conversion webhook took every object stored now to %s and back without loss; prepare checks again right after it switches the storage version and moves it back on a loss, but objects written at %s after that are the webhook's to convert (--trust-conversion-webhook): pause their writers. The release's own webhook must convert from %s too", v.Bridge, v.Storage, v.Bridge))
 	}
 	owner, _ := versionsOwner(crd)
 	v.Warnings = append(v.Warnings, fmt.Sprintf("prepare writes the storage version as field manager %s, which owns spec.versions; if %s re-applies this CRD during prepare (an operator that manages its own CRDs, a GitOps self-heal), it moves the storage version back and prepare stops, pruning nothing: pause it first", owner, owner))
+	return nil
+}
+
+// webhookCheck proves, for a CRD whose conversion is a webhook and whose
+// live storage version the manifest keeps, that migrating its objects
+// there loses no field: a round trip from each other version objects may
+// be stored at (as after a storage switch that prepare made, then
+// interrupted, or that the release made). A field lost makes v blocked; an
+// object the webhook refuses does not, since the migration cannot move it
+// either and names it, pruning nothing.
+func (c *clients) webhookCheck(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict) error {
+	live := preflight.LiveOf(crd)
+	stored := slices.DeleteFunc(storedAt(crd), func(s string) bool { return s == live.Storage })
+	for _, version := range stored {
+		if !slices.Contains(live.Served, version) {
+			// Not readable: the migration's own reads convert them.
+			return nil
+		}
+	}
+	trip, err := c.roundTrip(ctx, crd, stored, live.Storage)
+	if err != nil {
+		return err
+	}
+	if len(trip.lost) > 0 {
+		v.State = preflight.Blocked
+		v.Reason = fmt.Sprintf("its conversion webhook would lose fields of %s migrated to %s, the storage version: %s. Nothing was changed. Fix the webhook, or move those fields out of the objects, first",
+			objectCount(len(trip.lost)), live.Storage, nameLosses(trip.lost))
+	}
 	return nil
 }
 
@@ -168,7 +205,7 @@ func (c *clients) readLosses(ctx context.Context, crd *apiextensionsv1.CustomRes
 			}
 		}
 	}
-	refused, err := c.strictDryRuns(ctx, atStorage, bridge)
+	refused, err := c.strictDryRuns(ctx, atStorage, bridge, true)
 	if err != nil {
 		return nil, err
 	}
@@ -209,15 +246,18 @@ func (c *clients) listAll(ctx context.Context, gvk schema.GroupVersionKind) (map
 
 // strictDryRuns sends every object of objs, relabelled at version, as a
 // server-side dry-run update with strict field validation, and returns,
-// by object, the fields the API server names for each it refuses.
-func (c *clients) strictDryRuns(ctx context.Context, objs map[client.ObjectKey]*unstructured.Unstructured, version string) (map[client.ObjectKey][]string, error) {
+// by object, the fields the API server names for each it refuses. An
+// object written since it was read is read again and sent as it is now
+// (refetch), or named as changed during the check (objs are not what the
+// API server returns, such as a webhook's output).
+func (c *clients) strictDryRuns(ctx context.Context, objs map[client.ObjectKey]*unstructured.Unstructured, version string, refetch bool) (map[client.ObjectKey][]string, error) {
 	var mu sync.Mutex
 	refused := map[client.ObjectKey][]string{}
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	for key, o := range objs {
 		g.Go(func() error {
-			fields, err := c.strictDryRun(ctx, o, version)
+			fields, err := c.strictDryRun(ctx, o, version, refetch)
 			if err != nil || len(fields) == 0 {
 				return err
 			}
@@ -230,13 +270,16 @@ func (c *clients) strictDryRuns(ctx context.Context, objs map[client.ObjectKey]*
 	return refused, g.Wait()
 }
 
-func (c *clients) strictDryRun(ctx context.Context, stored *unstructured.Unstructured, version string) ([]string, error) {
+func (c *clients) strictDryRun(ctx context.Context, stored *unstructured.Unstructured, version string, refetch bool) ([]string, error) {
 	obj := stored.DeepCopy()
 	gvk := obj.GroupVersionKind()
 	gvk.Version = version
 	obj.SetGroupVersionKind(gvk)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		err := c.client.Update(ctx, obj.DeepCopy(), client.DryRunAll, client.FieldValidation(metav1.FieldValidationStrict))
+		if apierrors.IsConflict(err) && !refetch {
+			return errChangedMeanwhile
+		}
 		if apierrors.IsConflict(err) {
 			// Written meanwhile: check what is there now.
 			fresh := stored.DeepCopy()
@@ -251,11 +294,16 @@ func (c *clients) strictDryRun(ctx context.Context, stored *unstructured.Unstruc
 	switch {
 	case err == nil, apierrors.IsNotFound(err):
 		return nil, nil
+	case errors.Is(err, errChangedMeanwhile):
+		return []string{"changed during the check, so not checked: run it again"}, nil
 	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
 		return refusedFields(err), nil
 	}
 	return nil, fmt.Errorf("dry run of %s at %s: %w", client.ObjectKeyFromObject(stored), version, err)
 }
+
+// errChangedMeanwhile is a dry run's conflict where objects are not read again.
+var errChangedMeanwhile = errors.New("changed during the check")
 
 // refusedFields names the fields an API error is about, without the values
 // its message may quote: the causes' fields, or the unknown fields of a

@@ -31,12 +31,16 @@ type manifestFlags struct {
 	files     []string
 	recursive bool
 	keep      []string
+	// trustWebhook vouches for a CRD's conversion webhook where a bridge
+	// needs one: see fieldCheck.
+	trustWebhook bool
 }
 
 func (o *manifestFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringSliceVarP(&o.files, "filename", "f", nil, "Manifests to check: a file, a directory, or - for standard input; repeat for several.")
 	cmd.Flags().BoolVarP(&o.recursive, "recursive", "R", false, "Read the directories given with -f and their subdirectories.")
 	cmd.Flags().StringArrayVar(&o.keep, "keep", nil, "CRD=VERSION[,VERSION...]: the versions a release keeps of a CRD, without its manifest (no dry run then); repeat for several.")
+	cmd.Flags().BoolVar(&o.trustWebhook, "trust-conversion-webhook", false, "Where a skipped release or a downgrade needs a new storage version and the CRD's conversion is a webhook: bridge once a round trip through the webhook keeps every field of every object stored now, vouching that it also converts objects written while the storage version switches, which restow cannot check.")
 }
 
 type preflightOptions struct {
@@ -108,7 +112,7 @@ one needs prepare, %d when one is blocked, 1 on an error.`, ExitUnaccounted, Exi
 				defer func() { _ = client.Close() }()
 				etcd = client.KV
 			}
-			return runPreflight(cmd.Context(), c, streams.Out, manifests, opts.output, etcdRead{etcd, opts.etcd.scan})
+			return runPreflight(cmd.Context(), c, streams.Out, manifests, opts.output, etcdRead{etcd, opts.etcd.scan}, opts.trustWebhook)
 		},
 	}
 	opts.add(cmd)
@@ -149,11 +153,11 @@ type etcdRead struct {
 	scan   verify.ScanOptions
 }
 
-func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []preflight.Manifest, output string, etcd etcdRead) error {
+func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []preflight.Manifest, output string, etcd etcdRead, trustWebhook bool) error {
 	out := preflightOutput{}
 	worst := preflight.OK
 	for _, m := range manifests {
-		v, err := c.preflightOne(ctx, m)
+		v, err := c.preflightOne(ctx, m, trustWebhook)
 		if err != nil {
 			return err
 		}
@@ -195,8 +199,9 @@ func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []pref
 }
 
 // preflightOne judges one manifest against the live CRD, and confirms it
-// with a server-side dry run of the manifest's spec.
-func (c *clients) preflightOne(ctx context.Context, m preflight.Manifest) (preflight.Verdict, error) {
+// with a server-side dry run of the manifest's spec. trustWebhook is
+// --trust-conversion-webhook.
+func (c *clients) preflightOne(ctx context.Context, m preflight.Manifest, trustWebhook bool) (preflight.Verdict, error) {
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	err := c.client.Get(ctx, client.ObjectKey{Name: m.Name}, crd)
 	switch {
@@ -212,10 +217,14 @@ func (c *clients) preflightOne(ctx context.Context, m preflight.Manifest) (prefl
 	}
 	v := preflight.Judge(m, &live)
 	v.CheckedResourceVersion = crd.ResourceVersion
-	if v.Bridge != "" {
-		if err := c.fieldCheck(ctx, crd, m.CRD, &v); err != nil {
-			return preflight.Verdict{}, err
-		}
+	switch {
+	case v.Bridge != "":
+		err = c.fieldCheck(ctx, crd, m.CRD, &v, trustWebhook)
+	case v.State == preflight.NeedsPrepare && viaWebhook(crd):
+		err = c.webhookCheck(ctx, crd, &v)
+	}
+	if err != nil {
+		return preflight.Verdict{}, err
 	}
 	if m.CRD == nil {
 		return v, nil

@@ -11,6 +11,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/migrator"
@@ -168,7 +169,7 @@ func (c *clients) handsToOperator(ctx context.Context, inProcess bool) (bool, er
 // prepareOne judges m, migrates its CRD if it needs prepare, and judges it
 // again; it returns the state judged first.
 func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStreams, m preflight.Manifest, opts prepareOptions, viaOperator bool) (preflight.State, error) {
-	v, err := c.preflightOne(ctx, m)
+	v, err := c.preflightOne(ctx, m, opts.trustWebhook)
 	if err != nil {
 		return "", err
 	}
@@ -229,7 +230,7 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 		}
 		return v.State, errors.Join(err, c.flippedBack(ctx, m.Name, target))
 	}
-	after, err := c.preflightOne(ctx, m)
+	after, err := c.preflightOne(ctx, m, opts.trustWebhook)
 	if err != nil {
 		return v.State, err
 	}
@@ -268,29 +269,52 @@ func (c *clients) flippedBack(ctx context.Context, name, version string) error {
 
 // recheck runs the round trip through the conversion webhook again right
 // after the storage switch, for objects written at the old storage version
-// between the first check and the switch (no write after it is stored
-// there); if one would lose a field, or the webhook fails, it moves the
-// storage version back to v.Storage and stops, before this process
-// migrates anything and with nothing pruned.
+// between the first check and the switch; if one would lose a field, or
+// the webhook fails, it moves the storage version back to v.Storage and
+// stops, before this process migrates anything and with nothing pruned.
+// (Writes that reach the old storage later, through an API server that has
+// not switched yet, are what --trust-conversion-webhook vouches for.)
 func (c *clients) recheck(ctx context.Context, name string, v preflight.Verdict) error {
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-		return err
+		return c.moveBack(ctx, name, v, fmt.Sprintf("reading the CRD after the switch failed: %v", err))
 	}
 	stored := slices.DeleteFunc(storedAt(crd), func(s string) bool { return s == v.Bridge })
-	losses, err := c.roundTrip(ctx, crd, stored, v.Bridge)
-	if err == nil && len(losses) == 0 {
-		return nil
+	trip, err := c.roundTrip(ctx, crd, stored, v.Bridge)
+	switch {
+	case err != nil:
+		return c.moveBack(ctx, name, v, fmt.Sprintf("the check after the switch failed: %v", err))
+	case len(trip.all()) > 0:
+		return c.moveBack(ctx, name, v, fmt.Sprintf("after the switch, %s written at %s meanwhile would lose fields at %s or could not be converted there: %s",
+			objectCount(len(trip.all())), v.Storage, v.Bridge, nameLosses(trip.all())))
 	}
-	why := fmt.Sprintf("the check after the switch failed: %v", err)
-	if err == nil {
-		why = fmt.Sprintf("after the switch, %s written at %s meanwhile would lose fields at %s: %s", objectCount(len(losses)), v.Storage, v.Bridge, nameLosses(losses))
-	}
+	return nil
+}
+
+// moveBack makes v.Storage the storage version of CRD name again, after a
+// failed recheck said why, and returns the error prepare ends with. It
+// does so even when ctx has ended (an interrupt, --timeout), within a
+// bound of its own, on the CRD as it is then.
+func (c *clients) moveBack(ctx context.Context, name string, v preflight.Verdict, why string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moveBackTimeout)
+	defer cancel()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+			return err
+		}
+		if preflight.LiveOf(crd).Storage != v.Bridge {
+			return nil
+		}
+		_, err := c.switchStorage(ctx, crd, v.Storage)
+		return err
+	})
 	back := fmt.Sprintf("moved the storage version back to %s", v.Storage)
-	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-		back = fmt.Sprintf("could not move the storage version back to %s (%v): apply the installed release again", v.Storage, err)
-	} else if _, err := c.switchStorage(ctx, crd, v.Storage); err != nil {
+	if err != nil {
 		back = fmt.Sprintf("could not move the storage version back to %s (%v): apply the installed release again", v.Storage, err)
 	}
 	return &exitError{code: ExitBlocked, err: fmt.Errorf("%s; %s, and nothing was pruned", why, back)}
 }
+
+// moveBackTimeout bounds moveBack.
+const moveBackTimeout = 30 * time.Second

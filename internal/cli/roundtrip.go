@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -33,100 +34,119 @@ func viaWebhook(crd *apiextensionsv1.CustomResourceDefinition) bool {
 	return crd.Spec.Conversion != nil && crd.Spec.Conversion.Strategy == apiextensionsv1.WebhookConverter
 }
 
+// tripResult is what a round trip found, by object: fields lost (or
+// objects changed meanwhile, which were not checked), and objects the
+// webhook would not convert, which a migration could not move either.
+type tripResult struct {
+	lost, refused map[client.ObjectKey][]string
+}
+
+// all is lost and refused together.
+func (r tripResult) all() map[client.ObjectKey][]string {
+	out := maps.Clone(r.lost)
+	for k, v := range r.refused {
+		out[k] = appendNew(out[k], v...)
+	}
+	return out
+}
+
 // roundTrip proves, for a CRD whose conversion is a webhook, that no object
-// loses a field when it is stored at bridge. The API server's reads cannot
-// say it (what it returns at the bridge is what the webhook made, and field
+// loses a field when it is stored at version to. The API server's reads
+// cannot say it (what it returns at to is what the webhook made, and field
 // names may differ between versions), so each object, read at each version
-// of stored (where it may be stored), is sent to the bridge and back
-// through the CRD's webhook, with the API server's own conversion code
-// (which calls the webhook's URL, or its Service at
-// <name>.<namespace>.svc: inside the cluster), and what comes back must
-// equal what went in, field by field, labels and annotations included.
-// The bridge's form of each is then sent in a strict server-side dry run
-// at the bridge, which names fields the bridge's schema lacks (the API
-// server prunes those from what the webhook returns). It returns, by
-// object, what would be lost: fields, or "conversion to <bridge> failed"
-// for an object the webhook refuses, which the migration could not move.
-func (c *clients) roundTrip(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, stored []string, bridge string) (map[client.ObjectKey][]string, error) {
+// of stored (where it may be stored), is sent to to and back through the
+// CRD's webhook, with the API server's own conversion code (which calls
+// the webhook's URL, or its Service at <name>.<namespace>.svc: inside the
+// cluster), and what comes back must equal what went in, field by field,
+// labels and annotations included. The converted form of each is then sent
+// in a strict server-side dry run at to, which names fields to's schema
+// lacks (the API server prunes those from what the webhook returns); an
+// object written meanwhile counts as lost, since what was checked is not
+// what is stored. A webhook that converts none of them is an error, never
+// a pass.
+func (c *clients) roundTrip(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, stored []string, to string) (tripResult, error) {
+	trip := tripResult{lost: map[client.ObjectKey][]string{}, refused: map[client.ObjectKey][]string{}}
 	factory, err := conversion.NewCRConverterFactory(webhook.NewDefaultServiceResolver(), nil)
 	if err != nil {
-		return nil, err
+		return trip, err
 	}
 	convertor, _, err := factory.NewConverter(crd)
 	if err != nil {
-		return nil, fmt.Errorf("calling the conversion webhook of CRD %s: %w", crd.Name, err)
+		return trip, fmt.Errorf("calling the conversion webhook of CRD %s: %w", crd.Name, err)
 	}
 	gv := func(version string) schema.GroupVersion {
 		return schema.GroupVersion{Group: crd.Spec.Group, Version: version}
 	}
-	losses := map[client.ObjectKey][]string{}
 	for _, version := range stored {
-		if version == bridge {
+		if version == to {
 			continue
 		}
 		objs, err := c.listAll(ctx, gv(version).WithKind(crd.Spec.Names.Kind))
 		if err != nil {
-			return nil, err
+			return trip, err
 		}
-		keys := make([]client.ObjectKey, 0, len(objs))
-		for k := range objs {
-			keys = append(keys, k)
-		}
-		slices.SortFunc(keys, func(a, b client.ObjectKey) int { return strings.Compare(a.String(), b.String()) })
-		bridged := map[client.ObjectKey]*unstructured.Unstructured{}
-		converted := 0
-		var firstErr error
-		for batch := range slices.Chunk(keys, roundTripBatch) {
-			items := make([]*unstructured.Unstructured, 0, len(batch))
-			for _, k := range batch {
-				items = append(items, objs[k])
-			}
-			there, back, err := convertBoth(ctx, convertor, items, gv(bridge), gv(version))
-			if err != nil {
-				// Find the objects it refuses, one at a time.
-				there, back = make([]*unstructured.Unstructured, len(items)), make([]*unstructured.Unstructured, len(items))
-				for i, o := range items {
-					t, b, err := convertBoth(ctx, convertor, []*unstructured.Unstructured{o}, gv(bridge), gv(version))
-					if err != nil {
-						firstErr = cmpOr(firstErr, err)
-						losses[batch[i]] = appendNew(losses[batch[i]], "conversion to "+bridge+" and back failed")
-						continue
-					}
-					there[i], back[i] = t[0], b[0]
-				}
-			}
-			for i, k := range batch {
-				if there[i] == nil {
-					continue
-				}
-				converted++
-				bridged[k] = there[i]
-				if lost := preflight.Changed(items[i].Object, back[i].Object); len(lost) > 0 {
-					losses[k] = appendNew(losses[k], lost...)
-				}
-			}
-		}
-		if converted == 0 && firstErr != nil {
-			return nil, fmt.Errorf("the conversion webhook of CRD %s converted none of its objects, so restow cannot prove a round trip through %s keeps their fields (a webhook behind a Service is reached at <name>.<namespace>.svc: run prepare inside the cluster, as the prepare Job does): %w", crd.Name, bridge, firstErr)
-		}
-		refused, err := c.strictDryRuns(ctx, bridged, bridge)
+		converted, err := tripAll(ctx, convertor, objs, gv(to), gv(version), trip)
 		if err != nil {
-			return nil, err
+			return trip, fmt.Errorf("the conversion webhook of CRD %s: %w, so restow cannot prove a round trip through %s keeps the objects' fields (a webhook behind a Service is reached at <name>.<namespace>.svc: run this inside the cluster, as the prepare Job does)", crd.Name, err, to)
+		}
+		refused, err := c.strictDryRuns(ctx, converted, to, false)
+		if err != nil {
+			return trip, err
 		}
 		for k, fields := range refused {
-			losses[k] = appendNew(losses[k], fields...)
+			trip.lost[k] = appendNew(trip.lost[k], fields...)
 		}
 	}
-	return losses, nil
+	return trip, nil
 }
 
-// cmpOr is err if first is nil, else first.
-func cmpOr(first, err error) error {
-	if first != nil {
-		return first
+// tripAll converts objs to there and back, in batches, records in trip
+// what each lost or why it was refused, and returns the objects as
+// converted to there. It fails when the webhook fails for every object it
+// tries one at a time before converting any (a webhook down, unreachable
+// or broken, rather than refusing some objects).
+func tripAll(ctx context.Context, convertor runtime.ObjectConvertor, objs map[client.ObjectKey]*unstructured.Unstructured, there, back schema.GroupVersion, trip tripResult) (map[client.ObjectKey]*unstructured.Unstructured, error) {
+	keys := slices.SortedFunc(maps.Keys(objs), func(a, b client.ObjectKey) int { return strings.Compare(a.String(), b.String()) })
+	converted := map[client.ObjectKey]*unstructured.Unstructured{}
+	failedInRow := 0
+	for batch := range slices.Chunk(keys, roundTripBatch) {
+		items := make([]*unstructured.Unstructured, 0, len(batch))
+		for _, k := range batch {
+			items = append(items, objs[k])
+		}
+		outs, backs, err := convertBoth(ctx, convertor, items, there, back)
+		if err != nil {
+			// Find the objects it refuses, one at a time.
+			outs, backs = make([]*unstructured.Unstructured, len(items)), make([]*unstructured.Unstructured, len(items))
+			for i, o := range items {
+				out, b, err := convertBoth(ctx, convertor, []*unstructured.Unstructured{o}, there, back)
+				if err != nil {
+					if failedInRow++; failedInRow >= failuresToGiveUp && len(converted) == 0 {
+						return nil, err
+					}
+					trip.refused[batch[i]] = appendNew(trip.refused[batch[i]], "conversion to "+there.Version+" and back failed")
+					continue
+				}
+				failedInRow = 0
+				outs[i], backs[i] = out[0], b[0]
+			}
+		}
+		for i, k := range batch {
+			if outs[i] == nil {
+				continue
+			}
+			converted[k] = outs[i]
+			if lost := preflight.Changed(items[i].Object, backs[i].Object); len(lost) > 0 {
+				trip.lost[k] = appendNew(trip.lost[k], lost...)
+			}
+		}
 	}
-	return err
+	return converted, nil
 }
+
+// failuresToGiveUp is how many objects in a row, none converted before,
+// the webhook may fail before tripAll concludes it fails for all.
+const failuresToGiveUp = 3
 
 // convertBoth converts objs to there and the results back to back, as one
 // ConversionReview each way; it returns both, in the order of objs.

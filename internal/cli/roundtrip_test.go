@@ -6,11 +6,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/cli"
@@ -48,10 +46,10 @@ func rescheduled(i int) map[string]any {
 }
 
 // renamingWebhook converts spec.cron (v1alpha1) to spec.schedule (v1beta1,
-// v1) and back; while lossy is set, it drops spec.note on the way from
+// v1) and back; while lossy says so, it drops spec.note on the way from
 // v1alpha1, as a webhook with a bug would, though every version's schema
 // declares it.
-func renamingWebhook(t *testing.T, lossy *atomic.Bool) *testenv.ConversionWebhook {
+func renamingWebhook(t *testing.T, lossy func() bool) *testenv.ConversionWebhook {
 	return testenv.StartConversionWebhook(t, func(obj *unstructured.Unstructured, to string) error {
 		from := obj.GroupVersionKind().Version
 		switch {
@@ -61,7 +59,7 @@ func renamingWebhook(t *testing.T, lossy *atomic.Bool) *testenv.ConversionWebhoo
 			if err := unstructured.SetNestedField(obj.Object, cron, "spec", "schedule"); err != nil {
 				return err
 			}
-			if lossy.Load() {
+			if _, noted, _ := unstructured.NestedString(obj.Object, "spec", "note"); noted && lossy() {
 				unstructured.RemoveNestedField(obj.Object, "spec", "note")
 			}
 		case from != "v1alpha1" && to == "v1alpha1":
@@ -103,10 +101,15 @@ func renamedCRD(group string, hook *testenv.ConversionWebhook, versions ...strin
 //	(w2) the webhook drops spec.note, set on 10 objects, though every
 //	     schema declares it: preflight blocked, naming the 10 objects and
 //	     the field, never its value; prepare changes nothing;
-//	(w3) the check after the switch finds a loss (the webhook starts
-//	     dropping spec.note as the storage version switches, as it would
+//	(w1) also: without --trust-conversion-webhook, blocked, nothing
+//	     changed: objects written during the switch are the webhook's;
+//	(w3) the check after the switch finds a loss (the webhook drops
+//	     spec.note once the storage version is the bridge, as it would
 //	     for an object written meanwhile): the storage version is moved
-//	     back, nothing is migrated or pruned.
+//	     back, nothing is migrated or pruned;
+//	(w4) objects left at a dropped version after a switch (an
+//	     interrupted prepare), the webhook lossy: prepare blocks before
+//	     migrating, nothing changed.
 func TestBridgeThroughWebhook(t *testing.T) {
 	dir := t.TempDir()
 	// install applies release N-1 (v1alpha1 stored, v1beta1 served) as
@@ -131,24 +134,30 @@ func TestBridgeThroughWebhook(t *testing.T) {
 	}
 
 	t.Run("w1: the webhook keeps every field", func(t *testing.T) {
-		var lossy atomic.Bool
-		hook := renamingWebhook(t, &lossy)
+		hook := renamingWebhook(t, func() bool { return false })
 		fx, keys, next, release := install(t, "w1.bridge.restow.dev", hook)
+		before := crdVersion(t, fx.CRDName())
+		// Without --trust-conversion-webhook: blocked, nothing changed.
 		out, _, code := restow(t, "preflight", "-f", release)
-		if code != cli.ExitPending || !strings.Contains(out, fx.CRDName()+": needs prepare: the manifest drops v1alpha1, the live storage version") {
-			t.Errorf("preflight exited %d, want %d and needs prepare", code, cli.ExitPending)
+		if code != cli.ExitBlocked || !strings.Contains(out, "a round trip through it to v1beta1 and back kept every field of every object stored now") || !strings.Contains(out, "--trust-conversion-webhook") {
+			t.Errorf("preflight exited %d, want %d and blocked until the webhook is trusted", code, cli.ExitBlocked)
 		}
-		before := hook.Conversions.Load()
-		out, stderr, code := restow(t, "prepare", "-f", release, "--in-process", "--settle-window", "2s")
+		assertLeftAsItIs(t, fx, release, before, "v1alpha1")
+		out, _, code = restow(t, "preflight", "-f", release, "--trust-conversion-webhook")
+		if code != cli.ExitPending || !strings.Contains(out, fx.CRDName()+": needs prepare: the manifest drops v1alpha1, the live storage version") {
+			t.Errorf("preflight --trust-conversion-webhook exited %d, want %d and needs prepare", code, cli.ExitPending)
+		}
+		converted := hook.Conversions.Load()
+		out, stderr, code := restow(t, "prepare", "-f", release, "--trust-conversion-webhook", "--in-process", "--settle-window", "2s")
 		if code != 0 || !strings.Contains(out, fx.CRDName()+": made v1beta1 the live storage version in place of v1alpha1 (as field manager helm") || !strings.Contains(out, fx.CRDName()+": prepared: status.storedVersions lists v1beta1 alone") {
 			t.Fatalf("prepare exited %d, want 0, the switch as helm, and prepared", code)
 		}
-		if !strings.Contains(stderr, "the conversion webhook took every object to v1beta1 and back without loss") {
+		if !strings.Contains(stderr, "the conversion webhook took every object stored now to v1beta1 and back without loss") {
 			t.Errorf("prepare does not say the round trip was made")
 		}
 		// Two round trips (before and after the switch) of every object,
 		// each through the webhook both ways, besides the API server's.
-		if n := hook.Conversions.Load() - before; n < 4*releaseObjects {
+		if n := hook.Conversions.Load() - converted; n < 4*releaseObjects {
 			t.Errorf("the webhook converted %d objects during prepare, want at least %d: no round trip", n, 4*releaseObjects)
 		}
 		fx.AssertAllStoredAt(t, "v1beta1", releaseObjects)
@@ -160,12 +169,10 @@ func TestBridgeThroughWebhook(t *testing.T) {
 	})
 
 	t.Run("w2: the webhook drops a field", func(t *testing.T) {
-		var lossy atomic.Bool
-		lossy.Store(true)
-		hook := renamingWebhook(t, &lossy)
+		hook := renamingWebhook(t, func() bool { return true })
 		fx, keys, _, release := install(t, "w2.bridge.restow.dev", hook)
 		before := crdVersion(t, fx.CRDName())
-		out, _, code := restow(t, "preflight", "-f", release)
+		out, _, code := restow(t, "preflight", "-f", release, "--trust-conversion-webhook")
 		if code != cli.ExitBlocked || !strings.Contains(out, "10 objects would lose fields or be refused at v1beta1") || strings.Contains(out, "kept by every version") {
 			t.Errorf("preflight exited %d, want %d, the 10 objects named and no value:\n%s", code, cli.ExitBlocked, out)
 		}
@@ -178,34 +185,48 @@ func TestBridgeThroughWebhook(t *testing.T) {
 	})
 
 	t.Run("w3: the check after the switch finds a loss", func(t *testing.T) {
-		ctx := t.Context()
-		var lossy atomic.Bool
-		hook := renamingWebhook(t, &lossy)
+		// The webhook drops spec.note once the live storage version is
+		// v1beta1: the check before the switch passes, the one after it
+		// does not, as for objects written at v1alpha1 in between.
+		var fx testenv.Fixture
+		var ready atomic.Bool
+		hook := renamingWebhook(t, func() bool {
+			if !ready.Load() {
+				return false
+			}
+			crd := &apiextensionsv1.CustomResourceDefinition{}
+			return env.Client.Get(context.Background(), client.ObjectKey{Name: fx.CRDName()}, crd) == nil && preflight.LiveOf(crd).Storage == "v1beta1"
+		})
 		fx, _, _, release := install(t, "w3.bridge.restow.dev", hook)
-		switched := make(chan error, 1)
-		go func() {
-			switched <- wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-				crd := &apiextensionsv1.CustomResourceDefinition{}
-				if err := env.Client.Get(ctx, client.ObjectKey{Name: fx.CRDName()}, crd); err != nil {
-					return false, err
-				}
-				if preflight.LiveOf(crd).Storage != "v1beta1" {
-					return false, nil
-				}
-				lossy.Store(true)
-				return true, nil
-			})
-		}()
-		out, stderr, code := restow(t, "prepare", "-f", release, "--in-process", "--settle-window", "2s")
-		if err := <-switched; err != nil {
-			t.Fatalf("prepare never switched the storage version: %v", err)
-		}
+		ready.Store(true)
+		out, stderr, code := restow(t, "prepare", "-f", release, "--trust-conversion-webhook", "--in-process", "--settle-window", "2s")
 		said := out + stderr
-		if code != cli.ExitBlocked || !strings.Contains(said, "after the switch, 10 objects written at v1alpha1 meanwhile would lose fields at v1beta1") || !strings.Contains(said, "moved the storage version back to v1alpha1, and nothing was pruned") {
-			t.Errorf("prepare exited %d, want %d and the storage version moved back:\n%s", code, cli.ExitBlocked, said)
+		if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": made v1beta1 the live storage version") ||
+			!strings.Contains(said, "after the switch, 10 objects written at v1alpha1 meanwhile would lose fields at v1beta1") || !strings.Contains(said, "moved the storage version back to v1alpha1, and nothing was pruned") {
+			t.Errorf("prepare exited %d, want %d, the switch, and the storage version moved back:\n%s", code, cli.ExitBlocked, said)
 		}
 		if got := preflight.LiveOf(fx.CRD(t)).Storage; got != "v1alpha1" {
 			t.Errorf("the storage version is %s, want v1alpha1 again", got)
+		}
+		fx.AssertAllStoredAt(t, "v1alpha1", releaseObjects)
+		fx.AssertStoredVersions(t, "v1alpha1", "v1beta1")
+	})
+
+	t.Run("w4: objects left at a dropped version after a switch, a lossy webhook", func(t *testing.T) {
+		// As after a prepare interrupted between the switch and the
+		// migration, or a release that switched by itself: the manifest
+		// keeps the live storage version, and prepare would migrate
+		// through the webhook without a bridge.
+		hook := renamingWebhook(t, func() bool { return true })
+		fx, _, _, release := install(t, "w4.bridge.restow.dev", hook)
+		fx.SwitchStorage(t, "v1beta1")
+		before := crdVersion(t, fx.CRDName())
+		out, _, code := restow(t, "prepare", "-f", release, "--in-process")
+		if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": blocked, left as it is: its conversion webhook would lose fields of 10 objects migrated to v1beta1, the storage version") {
+			t.Errorf("prepare exited %d, want %d and blocked:\n%s", code, cli.ExitBlocked, out)
+		}
+		if after := crdVersion(t, fx.CRDName()); after != before {
+			t.Errorf("the CRD's resourceVersion moved from %s to %s: prepare wrote it", before, after)
 		}
 		fx.AssertAllStoredAt(t, "v1alpha1", releaseObjects)
 		fx.AssertStoredVersions(t, "v1alpha1", "v1beta1")
