@@ -4,8 +4,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/version"
 )
@@ -42,6 +44,10 @@ var (
 		Name: "restow_storedversions_prunes_total",
 		Help: "Times status.storedVersions of a CRD was pruned.",
 	}, []string{"resource"})
+	migrationStalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "restow_migration_stalled",
+		Help: "1 while a StorageMigration's Stalled condition is True (a pass that ended Stalled, or a resource found before any pass that cannot be migrated as asked), else 0.",
+	}, []string{"storagemigration", "resource"})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "restow_build_info",
 		Help: "Always 1; its labels tell the running manager's version, source revision and Go version.",
@@ -51,7 +57,7 @@ var (
 func init() {
 	info := version.Get()
 	buildInfo.WithLabelValues(info.Version, info.GitCommit, info.GoVersion).Set(1)
-	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesRunning, passesTotal, passDuration, storedVersionsPrunes, buildInfo)
+	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesRunning, passesTotal, passDuration, storedVersionsPrunes, migrationStalled, buildInfo)
 }
 
 // runEnd is the end of a run, as the metrics count it.
@@ -100,4 +106,21 @@ func setRunning(resource string, progress *migrator.Progress) {
 	}
 	remainingObjects.WithLabelValues(resource).Set(remaining)
 	passConcurrency.WithLabelValues(resource).Set(pace)
+}
+
+// recordStalled sets restow_migration_stalled of sm from the condition out
+// writes.
+func recordStalled(sm *migrationv1alpha1.StorageMigration, out outcome) {
+	stalled := 0.0
+	if out.condition == conditionStalled {
+		stalled = 1
+	}
+	resource := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}.String()
+	migrationStalled.WithLabelValues(sm.Name, resource).Set(stalled)
+}
+
+// forgetStalled drops restow_migration_stalled of a StorageMigration that
+// is gone, so that no alert fires for it.
+func forgetStalled(name string) {
+	migrationStalled.DeletePartialMatch(prometheus.Labels{"storagemigration": name})
 }

@@ -141,11 +141,13 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	if err := r.APIReader.Get(ctx, req.NamespacedName, sm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.runs.stop(req.Name)
+			forgetStalled(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !sm.DeletionTimestamp.IsZero() {
 		r.runs.stop(req.Name)
+		forgetStalled(req.Name)
 		return ctrl.Result{}, nil
 	}
 	original := sm.DeepCopy()

@@ -108,6 +108,12 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	if e := waitEvent(t, sm.Name, migrationv1alpha1.UnsupportedReason); e.Type != "Warning" || !strings.Contains(e.Note, f.crdName()) {
 		t.Errorf("event %s %q, want a Warning naming %s", e.Type, e.Note, f.crdName())
 	}
+	// And by the metric the RestowMigrationStalled alert reads: no pass
+	// ended, so restow_passes_total cannot say it.
+	stalledGauge := map[string]string{"storagemigration": sm.Name, "resource": f.crdName()}
+	if got := metricValue(t, "restow_migration_stalled", stalledGauge); got != 1 {
+		t.Errorf("restow_migration_stalled = %v while Stalled before any pass, want 1", got)
+	}
 
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 20)
@@ -115,6 +121,9 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
 	f.assertStored(t, "v1", 20)
 	f.assertStoredVersions(t, "v1")
+	if got := metricValue(t, "restow_migration_stalled", stalledGauge); got != 0 {
+		t.Errorf("restow_migration_stalled = %v once Ready, want 0", got)
+	}
 
 	// Each transition has its event, in order: the stall first; at the end
 	// the pass at v1, the settle window (told by the change of the Ready
