@@ -4,6 +4,7 @@
 package logging
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -56,7 +57,56 @@ func NewWithSink(o Options, sink zapcore.WriteSyncer) (logr.Logger, error) {
 		return logr.Discard(), fmt.Errorf("invalid --log-encoding %q: want json or console", o.Encoding)
 	}
 	core := zapcore.NewCore(encoder, sink, level)
-	return zapr.NewLogger(zap.New(core, zap.AddCaller(), zap.ErrorOutput(sink))), nil
+	// zapr's sink skips logr's frame already (zapr.NewLogger initialised
+	// it); logr.New initialises it again through quietCancel, which skips
+	// one frame more: quietCancel's own.
+	zapSink := zapr.NewLogger(zap.New(core, zap.AddCaller(), zap.ErrorOutput(sink))).GetSink()
+	return logr.New(quietCancel{zapSink}), nil
+}
+
+// quietCancel logs an error that a cancelled context caused as a debug
+// line (V(1)) rather than an error: the manager cancels its own requests
+// when it stops (a rollout, a lost leader) and when it restarts a pass,
+// and client-go logs each one cut short while reading its response as an
+// error, which would fire a user's alert on error logs at every rollout.
+type quietCancel struct{ logr.LogSink }
+
+// Info is the sink's, in a frame of its own as Error's, so that both skip
+// alike to the caller.
+func (s quietCancel) Info(level int, msg string, keysAndValues ...any) {
+	s.LogSink.Info(level, msg, keysAndValues...)
+}
+
+func (s quietCancel) Error(err error, msg string, keysAndValues ...any) {
+	if !cancelled(err) {
+		s.LogSink.Error(err, msg, keysAndValues...)
+		return
+	}
+	if s.Enabled(1) {
+		s.LogSink.Info(1, msg, append(keysAndValues, "error", err.Error())...)
+	}
+}
+
+func (s quietCancel) WithValues(keysAndValues ...any) logr.LogSink {
+	return quietCancel{s.LogSink.WithValues(keysAndValues...)}
+}
+
+func (s quietCancel) WithName(name string) logr.LogSink {
+	return quietCancel{s.LogSink.WithName(name)}
+}
+
+func (s quietCancel) WithCallDepth(depth int) logr.LogSink {
+	if withDepth, ok := s.LogSink.(logr.CallDepthLogSink); ok {
+		return quietCancel{withDepth.WithCallDepth(depth)}
+	}
+	return s
+}
+
+// cancelled says whether err is a context's cancellation, as such or as
+// the text a transport left of it. A deadline is not: that is a timeout,
+// and an error.
+func cancelled(err error) bool {
+	return err != nil && (errors.Is(err, context.Canceled) || strings.HasSuffix(err.Error(), context.Canceled.Error()))
 }
 
 // Setup builds the logger, makes it klog's and returns it; the caller hands it

@@ -2,7 +2,10 @@ package logging
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -105,5 +108,50 @@ func TestKlogIsRoutedIntoTheSameSink(t *testing.T) {
 	}
 	if line["msg"] != "From client-go" || line["key"] != "value" {
 		t.Errorf("unexpected line: %v", line)
+	}
+}
+
+// TestCancelledIsNoError: an error a cancelled context caused (the
+// manager's own requests, cut short as it stops) is a debug line, not an
+// error; any other error, a deadline included, stays an error; and the
+// caller is still the line that logged.
+func TestCancelledIsNoError(t *testing.T) {
+	var buf bytes.Buffer
+	log, err := NewWithSink(Options{Level: "debug", Encoding: "json"}, zapcore.AddSync(&buf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := func() map[string]any {
+		t.Helper()
+		var entry map[string]any
+		if err := json.Unmarshal(buf.Bytes(), &entry); err != nil {
+			t.Fatalf("%v: %s", err, buf.String())
+		}
+		buf.Reset()
+		return entry
+	}
+	log.WithValues("controller", "storagemigration").Error(fmt.Errorf("reading: %w", context.Canceled), "Unexpected error when reading response body")
+	if got := line(); got["level"] != "debug" || got["error"] != "reading: context canceled" || got["controller"] != "storagemigration" {
+		t.Errorf("a cancelled request logged %v, want a debug line with the error and the logger's values", got)
+	}
+	log.Error(errors.New("read tcp 127.0.0.1:1234: context canceled"), "Unexpected error when reading response body")
+	if got := line(); got["level"] != "debug" {
+		t.Errorf("a cancellation as a transport's text logged %v, want a debug line", got)
+	}
+	log.Error(context.DeadlineExceeded, "Timed out")
+	if got := line(); got["level"] != "error" || !strings.HasPrefix(got["caller"].(string), "logging/logging_test.go:") {
+		t.Errorf("a deadline logged %v, want an error line whose caller is this test", got)
+	}
+	log.Info("Hello")
+	if got := line(); !strings.HasPrefix(got["caller"].(string), "logging/logging_test.go:") {
+		t.Errorf("caller %v, want this test", got["caller"])
+	}
+	quiet, err := NewWithSink(Options{Level: "info", Encoding: "json"}, zapcore.AddSync(&buf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet.Error(context.Canceled, "Cancelled")
+	if buf.Len() != 0 {
+		t.Errorf("at info level a cancelled request logged %s, want nothing", buf.String())
 	}
 }
