@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/restow/restow/internal/migrator/pace"
 )
 
 // watchMethod is etcd's Watch call: the stream whose answers a lagging API
@@ -236,8 +235,10 @@ func (q *lagQueue) send(ctx context.Context, down grpc.ServerStream) {
 		q.held[0] = heldMessage{}
 		q.held = q.held[1:]
 		q.mu.Unlock()
-		if err := pace.SleepUntil(ctx, next.due); err != nil {
-			q.done <- err
+		select {
+		case <-time.After(time.Until(next.due)):
+		case <-ctx.Done():
+			q.done <- ctx.Err()
 			return
 		}
 		if err := down.SendMsg(next.m); err != nil {

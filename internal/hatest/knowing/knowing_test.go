@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/restow/restow/internal/migrator/hatest"
+	"github.com/restow/restow/internal/hatest"
 	"github.com/restow/restow/internal/testenv"
 )
 
