@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
-
 )
 
 // watchMethod is etcd's Watch call: the stream whose answers a lagging API
