@@ -42,11 +42,9 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 	}
 	stored := storedAt(crd)
 	live := preflight.LiveOf(crd)
-	for _, version := range stored {
-		if !slices.Contains(live.Served, version) {
-			block("objects may be stored at %s, which the live CRD does not serve, so restow cannot read them to prove that %s keeps every field: serve %s, or apply a release in between first", version, v.Bridge, version)
-			return nil
-		}
+	if version, ok := unserved(live, stored); ok {
+		block("objects may be stored at %s, which the live CRD does not serve, so restow cannot read them to prove that %s keeps every field: serve %s, or apply a release in between first", version, v.Bridge, version)
+		return nil
 	}
 	versions := stored
 	for _, s := range live.Served {
@@ -107,11 +105,9 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 func (c *clients) webhookCheck(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict) error {
 	live := preflight.LiveOf(crd)
 	stored := slices.DeleteFunc(storedAt(crd), func(s string) bool { return s == live.Storage })
-	for _, version := range stored {
-		if !slices.Contains(live.Served, version) {
-			// Not readable: the migration's own reads convert them.
-			return nil
-		}
+	if _, ok := unserved(live, stored); ok {
+		// Not readable: the migration's own reads convert them.
+		return nil
 	}
 	trip, err := c.roundTrip(ctx, crd, stored, live.Storage)
 	if err != nil {
@@ -130,6 +126,16 @@ func (c *clients) webhookCheck(ctx context.Context, crd *apiextensionsv1.CustomR
 func storedAt(crd *apiextensionsv1.CustomResourceDefinition) []string {
 	live := preflight.LiveOf(crd)
 	return appendNew(slices.Clone(live.StoredVersions), live.Storage)
+}
+
+// unserved is the first of versions that live does not serve, if any.
+func unserved(live preflight.Live, versions []string) (string, bool) {
+	for _, version := range versions {
+		if !slices.Contains(live.Served, version) {
+			return version, true
+		}
+	}
+	return "", false
 }
 
 // objectCount says "1 object" or "n objects".

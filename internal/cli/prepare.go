@@ -193,37 +193,11 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 	target := v.Storage
 	if v.Bridge != "" {
 		target = v.Bridge
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := c.client.Get(ctx, client.ObjectKey{Name: m.Name}, crd); err != nil {
-			return v.State, err
-		}
-		if crd.ResourceVersion != v.CheckedResourceVersion {
-			return v.State, fmt.Errorf("CRD %s changed since prepare checked its objects' fields: nothing was changed; run prepare again", m.Name)
-		}
-		manager, err := c.switchStorage(ctx, crd, v.Bridge)
-		if err != nil {
-			return v.State, err
-		}
-		fmt.Fprintf(streams.Out, "%s: made %s the live storage version in place of %s (as field manager %s, which owns spec.versions), after checking that no object loses a field at it\n", v.CRD, v.Bridge, v.Storage, manager)
-		if viaWebhook(crd) {
-			if err := c.recheck(ctx, m.Name, v); err != nil {
-				return preflight.Blocked, err
-			}
+		if state, err := c.toBridge(ctx, streams, m.Name, v); err != nil {
+			return state, err
 		}
 	}
-	if viaOperator {
-		fmt.Fprintf(streams.Out, "%s: the restow operator migrates it (restow's StorageMigration API is installed), so that it runs no second migration beside this one\n", v.CRD)
-		follow := opts.migrateOptions
-		follow.wait = true
-		err = requestMigration(ctx, c, streams, m.Name, follow)
-	} else {
-		fmt.Fprintf(streams.Out, "%s: migrating in this process\n", v.CRD)
-		err = run(ctx, c, streams, m.Name, runOptions{
-			prune: true, concurrency: migrator.DefaultConcurrency, pageSize: migrator.DefaultPageSize,
-			settleWindow: opts.settleWindow, lagBound: migrator.DefaultLagBound, lagLimit: migrator.DefaultLagLimit,
-			expectStorage: target,
-		})
-	}
+	err = c.migrateFor(ctx, streams, m.Name, target, opts, viaOperator)
 	if err != nil {
 		if v.Bridge != "" {
 			err = fmt.Errorf("%w; the live storage version is now %s, every stored version is still listed, and nothing is lost: run prepare again, or apply the release that is installed to move it back", err, v.Bridge)
@@ -265,6 +239,49 @@ func (c *clients) flippedBack(ctx context.Context, name, version string) error {
 	// spec.versions is an atomic list: whoever wrote it last owns it.
 	writer, _ := versionsOwner(crd)
 	return fmt.Errorf("the storage version of CRD %s went from %s to %s while prepare migrated (spec.versions is now field manager %s's): nothing was pruned. Something re-applies the old CRD (an operator that manages its own CRDs, a GitOps self-heal): pause it, then run prepare again", name, version, live.Storage, writer)
+}
+
+// toBridge makes v.Bridge the live storage version of CRD name, onto the
+// CRD that was checked only, and, for a conversion webhook, checks the
+// round trip again (recheck); it returns the state prepare ends in when it
+// fails.
+func (c *clients) toBridge(ctx context.Context, streams genericiooptions.IOStreams, name string, v preflight.Verdict) (preflight.State, error) {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		return v.State, err
+	}
+	if crd.ResourceVersion != v.CheckedResourceVersion {
+		return v.State, fmt.Errorf("CRD %s changed since prepare checked its objects' fields: nothing was changed; run prepare again", name)
+	}
+	manager, err := c.switchStorage(ctx, crd, v.Bridge)
+	if err != nil {
+		return v.State, err
+	}
+	fmt.Fprintf(streams.Out, "%s: made %s the live storage version in place of %s (as field manager %s, which owns spec.versions), after checking that no object loses a field at it\n", v.CRD, v.Bridge, v.Storage, manager)
+	if viaWebhook(crd) {
+		if err := c.recheck(ctx, name, v); err != nil {
+			return preflight.Blocked, err
+		}
+	}
+	return v.State, nil
+}
+
+// migrateFor migrates CRD name to target: through the restow operator
+// where it runs (so that no second migration runs beside its own), else in
+// this process.
+func (c *clients) migrateFor(ctx context.Context, streams genericiooptions.IOStreams, name, target string, opts prepareOptions, viaOperator bool) error {
+	if viaOperator {
+		fmt.Fprintf(streams.Out, "%s: the restow operator migrates it (restow's StorageMigration API is installed), so that it runs no second migration beside this one\n", name)
+		follow := opts.migrateOptions
+		follow.wait = true
+		return requestMigration(ctx, c, streams, name, follow)
+	}
+	fmt.Fprintf(streams.Out, "%s: migrating in this process\n", name)
+	return run(ctx, c, streams, name, runOptions{
+		prune: true, concurrency: migrator.DefaultConcurrency, pageSize: migrator.DefaultPageSize,
+		settleWindow: opts.settleWindow, lagBound: migrator.DefaultLagBound, lagLimit: migrator.DefaultLagLimit,
+		expectStorage: target,
+	})
 }
 
 // recheck runs the round trip through the conversion webhook again right
