@@ -119,44 +119,14 @@ func (o runOptions) validate() error {
 }
 
 func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts runOptions) error {
-	c.migrator.LagBound, c.migrator.AssumeSeveral, c.migrator.LagLimit = opts.lagBound, opts.several, opts.lagLimit
-	// validate parsed it already.
-	c.migrator.APIServerAddresses, _ = migrator.ParseAPIServerAddresses(opts.apiServers)
-	gr, err := c.resolveResource(arg)
-	if err != nil {
-		return err
-	}
-	target, err := resolveWhenServed(ctx, c, streams, gr)
+	gr, target, err := runTarget(ctx, c, streams, arg, opts)
 	if err != nil {
 		return err
 	}
 	version := target.TargetVersion()
-	if opts.expectStorage != "" && version != opts.expectStorage {
-		return fmt.Errorf("%s is stored at %s, not %s as this run set it: no pass was made", gr, version, opts.expectStorage)
-	}
-	if opts.namespace != "" {
-		if !target.Namespaced {
-			return fmt.Errorf("%s is cluster-scoped: --namespace does not apply", gr)
-		}
-		target.Namespace = opts.namespace
-		if target.CRD != nil && !slices.Equal(target.CRD.StoredVersions, []string{version}) {
-			fmt.Fprintf(streams.ErrOut, "Only namespace %s: status.storedVersions of CRD %s will not be pruned, since objects in other namespaces are not proven. Run without --namespace to prune.\n", opts.namespace, target.CRD.Name)
-		}
-	}
-	c.warnStandardActive(ctx, streams.ErrOut, gr)
-
 	if opts.dryRun {
-		n, err := c.migrator.CountAll(ctx, target, opts.pageSize)
-		if err != nil {
-			return fmt.Errorf("listing %s: %w", gr, err)
-		}
-		fmt.Fprintf(streams.Out, "Dry run: a pass would rewrite %d objects of %s%s so they are stored at %s.\n", n, gr, inNamespace(target), version)
-		if crd := target.CRD; crd != nil && opts.prune && !target.Partial() && !slices.Equal(crd.StoredVersions, []string{version}) {
-			fmt.Fprintf(streams.Out, "Then status.storedVersions of CRD %s would go from %v to [%s].\n", crd.Name, crd.StoredVersions, version)
-		}
-		return nil
+		return dryRun(ctx, c, streams, gr, target, opts)
 	}
-
 	total, err := c.migrator.Count(ctx, target)
 	if err != nil {
 		total = -1
@@ -166,41 +136,13 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	}
 	bar := newProgress(streams.Out, fmt.Sprintf("Rewriting %s%s to %s", gr, inNamespace(target), version), total)
 	start := time.Now()
-	// The observer runs on the pass's goroutines: one at a time here.
-	var mu sync.Mutex
-	var phase migrator.Phase
-	var switching string
 	result, err := c.migrator.Migrate(ctx, target, migrator.Options{
 		Concurrency:  opts.concurrency,
 		PageSize:     opts.pageSize,
 		ViaStatus:    opts.viaStatus,
 		SettleWindow: opts.settleWindow,
 		Prune:        opts.prune,
-	}, func(p migrator.Progress) {
-		mu.Lock()
-		defer mu.Unlock()
-		if p.Switching != switching {
-			// What each API server shows while the pass waits for them.
-			switching = p.Switching
-			if switching != "" {
-				fmt.Fprintln(streams.ErrOut, switching+".")
-			}
-		}
-		if p.Phase == migrator.PhaseRewriting {
-			estimate := int64(-1)
-			if p.RemainingEstimate != nil {
-				estimate = p.Listed + *p.RemainingEstimate
-			}
-			bar.set(p.Done(), estimate)
-			return
-		}
-		if p.Phase != phase && p.Phase == migrator.PhaseSettling && opts.prune && !target.Partial() {
-			bar.set(p.Done(), p.Listed)
-			bar.finish()
-			fmt.Fprintf(streams.ErrOut, "Settling: waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Format(time.TimeOnly))
-		}
-		phase = p.Phase
-	})
+	}, runObserver(streams, bar, opts.prune && !target.Partial()))
 	var stalledErr *migrator.StalledError
 	switch {
 	case err == nil:
@@ -215,9 +157,93 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	}
 	bar.set(result.Done(), result.Listed)
 	bar.finish()
-	fmt.Fprintf(streams.Out, "%d objects in %s: %d re-encoded, %d already stored, %d changed by others meanwhile, %d rewritten again after the settle window, %d failed.\n",
-		result.Listed, time.Since(start).Round(time.Millisecond), result.Migrated, result.AlreadyStored, result.Skipped, result.Rechecked, result.Failed)
+	return report(streams, gr, target, result, time.Since(start))
+}
 
+// runTarget resolves the resource arg names, once the API server serves
+// its storage version, and scopes it to --namespace.
+func runTarget(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts runOptions) (schema.GroupResource, migrator.Target, error) {
+	c.migrator.LagBound, c.migrator.AssumeSeveral, c.migrator.LagLimit = opts.lagBound, opts.several, opts.lagLimit
+	// validate parsed it already.
+	c.migrator.APIServerAddresses, _ = migrator.ParseAPIServerAddresses(opts.apiServers)
+	gr, err := c.resolveResource(arg)
+	if err != nil {
+		return gr, migrator.Target{}, err
+	}
+	target, err := resolveWhenServed(ctx, c, streams, gr)
+	if err != nil {
+		return gr, target, err
+	}
+	version := target.TargetVersion()
+	if opts.expectStorage != "" && version != opts.expectStorage {
+		return gr, target, fmt.Errorf("%s is stored at %s, not %s as this run set it: no pass was made", gr, version, opts.expectStorage)
+	}
+	if opts.namespace != "" {
+		if !target.Namespaced {
+			return gr, target, fmt.Errorf("%s is cluster-scoped: --namespace does not apply", gr)
+		}
+		target.Namespace = opts.namespace
+		if target.CRD != nil && !slices.Equal(target.CRD.StoredVersions, []string{version}) {
+			fmt.Fprintf(streams.ErrOut, "Only namespace %s: status.storedVersions of CRD %s will not be pruned, since objects in other namespaces are not proven. Run without --namespace to prune.\n", opts.namespace, target.CRD.Name)
+		}
+	}
+	c.warnStandardActive(ctx, streams.ErrOut, gr)
+	return gr, target, nil
+}
+
+// dryRun counts what a pass would rewrite, and what it would prune.
+func dryRun(ctx context.Context, c *clients, streams genericiooptions.IOStreams, gr schema.GroupResource, target migrator.Target, opts runOptions) error {
+	version := target.TargetVersion()
+	n, err := c.migrator.CountAll(ctx, target, opts.pageSize)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", gr, err)
+	}
+	fmt.Fprintf(streams.Out, "Dry run: a pass would rewrite %d objects of %s%s so they are stored at %s.\n", n, gr, inNamespace(target), version)
+	if crd := target.CRD; crd != nil && opts.prune && !target.Partial() && !slices.Equal(crd.StoredVersions, []string{version}) {
+		fmt.Fprintf(streams.Out, "Then status.storedVersions of CRD %s would go from %v to [%s].\n", crd.Name, crd.StoredVersions, version)
+	}
+	return nil
+}
+
+// runObserver shows a pass's progress on bar, what each API server shows
+// while the pass waits for them, and the settle window when the pass will
+// prune (prunes).
+func runObserver(streams genericiooptions.IOStreams, bar *progress, prunes bool) migrator.Observer {
+	// The observer runs on the pass's goroutines: one at a time here.
+	var mu sync.Mutex
+	var phase migrator.Phase
+	var switching string
+	return func(p migrator.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if p.Switching != switching {
+			switching = p.Switching
+			if switching != "" {
+				fmt.Fprintln(streams.ErrOut, switching+".")
+			}
+		}
+		if p.Phase == migrator.PhaseRewriting {
+			estimate := int64(-1)
+			if p.RemainingEstimate != nil {
+				estimate = p.Listed + *p.RemainingEstimate
+			}
+			bar.set(p.Done(), estimate)
+			return
+		}
+		if p.Phase != phase && p.Phase == migrator.PhaseSettling && prunes {
+			bar.set(p.Done(), p.Listed)
+			bar.finish()
+			fmt.Fprintf(streams.ErrOut, "Settling: waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Format(time.TimeOnly))
+		}
+		phase = p.Phase
+	}
+}
+
+// report says what a pass did: its counts, the objects it could not
+// rewrite (then it exits ExitPending), what it pruned.
+func report(streams genericiooptions.IOStreams, gr schema.GroupResource, target migrator.Target, result migrator.Result, took time.Duration) error {
+	fmt.Fprintf(streams.Out, "%d objects in %s: %d re-encoded, %d already stored, %d changed by others meanwhile, %d rewritten again after the settle window, %d failed.\n",
+		result.Listed, took.Round(time.Millisecond), result.Migrated, result.AlreadyStored, result.Skipped, result.Rechecked, result.Failed)
 	if result.Failed > 0 {
 		w := printers.GetNewTabWriter(streams.Out)
 		fmt.Fprintln(w, "NAMESPACE\tNAME\tREASON\tMESSAGE")
@@ -227,7 +253,7 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 		if err := w.Flush(); err != nil {
 			return err
 		}
-		return &exitError{code: ExitPending, err: fmt.Errorf("%d objects of %s could not be rewritten to %s (the first %d are listed); nothing was pruned", result.Failed, gr, version, len(result.Failures))}
+		return &exitError{code: ExitPending, err: fmt.Errorf("%d objects of %s could not be rewritten to %s (the first %d are listed); nothing was pruned", result.Failed, gr, target.TargetVersion(), len(result.Failures))}
 	}
 	if len(result.Pruned) > 0 {
 		fmt.Fprintf(streams.Out, "Removed %v from status.storedVersions of CRD %s.\n", result.Pruned, target.CRD.Name)
