@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -133,7 +134,22 @@ func parse(args []string, stdout io.Writer) (*options, error) {
 // validate checks the values of the flags, before the manager reaches the
 // API server, and returns the parsed --auto-migrate-selector.
 func (o *options) validate() (labels.Selector, error) {
-	checks := []func() error{
+	checks := slices.Concat(o.passChecks(), o.clientChecks(), o.triggerChecks(), o.serveChecks())
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return nil, err
+		}
+	}
+	selector, err := labels.Parse(o.autoMigrateSelector)
+	if err != nil {
+		return nil, usagef("--auto-migrate-selector %q is not a label selector: %v", o.autoMigrateSelector, err)
+	}
+	return selector, nil
+}
+
+// passChecks check the flags of a pass: its pace, its waits, its retries.
+func (o *options) passChecks() []func() error {
+	return []func() error{
 		func() error { return between("concurrency", int64(o.concurrency), maxConcurrency) },
 		func() error { return between("page-size", o.pageSize, maxPageSize) },
 		func() error { return between("max-concurrent-passes", int64(o.maxPasses), maxPasses) },
@@ -162,6 +178,13 @@ func (o *options) validate() (labels.Selector, error) {
 			}
 			return nil
 		},
+	}
+}
+
+// clientChecks check the flags of the manager's client and its leader
+// election.
+func (o *options) clientChecks() []func() error {
+	return []func() error{
 		func() error {
 			if !(o.qps > 0) || math.IsInf(o.qps, 0) {
 				return usagef("--kube-api-qps must be a positive number of requests per second, got %v", o.qps)
@@ -192,6 +215,13 @@ func (o *options) validate() (labels.Selector, error) {
 			}
 			return nil
 		},
+	}
+}
+
+// triggerChecks check the flags of the automatic triggers: built-in
+// resources and re-encryption.
+func (o *options) triggerChecks() []func() error {
+	return []func() error{
 		func() error { return positive("builtin-discovery-interval", o.builtInInterval, "") },
 		func() error { return positive("reencrypt-check-interval", o.encryptionCheck, "") },
 		func() error {
@@ -212,6 +242,12 @@ func (o *options) validate() (labels.Selector, error) {
 			}
 			return nil
 		},
+	}
+}
+
+// serveChecks check what the manager serves and logs.
+func (o *options) serveChecks() []func() error {
+	return []func() error{
 		func() error { return address("metrics-bind-address", o.metricsAddr, false) },
 		func() error { return address("health-probe-bind-address", o.probeAddr, true) },
 		func() error { return address("pprof-bind-address", o.pprofAddr, true) },
@@ -222,16 +258,6 @@ func (o *options) validate() (labels.Selector, error) {
 			return nil
 		},
 	}
-	for _, check := range checks {
-		if err := check(); err != nil {
-			return nil, err
-		}
-	}
-	selector, err := labels.Parse(o.autoMigrateSelector)
-	if err != nil {
-		return nil, usagef("--auto-migrate-selector %q is not a label selector: %v", o.autoMigrateSelector, err)
-	}
-	return selector, nil
 }
 
 // between checks that a count flag is at least 1 and at most most.
