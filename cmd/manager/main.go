@@ -15,6 +15,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -240,6 +242,30 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 
+	mgr, err := newManager(cfg, scheme, opts)
+	if err != nil {
+		return err
+	}
+	ctx := ctrl.SetupSignalHandler()
+	err = controllers.Setup(ctx, mgr, opts.controllerOptions(selector, apiServers))
+	if err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("Starting manager", "version", version.Get().Version, "migrates", opts.whatItDoes())
+	return mgr.Start(ctx)
+}
+
+// newManager makes the controller-runtime manager: metrics (HTTPS with
+// authentication and authorization unless --metrics-secure=false; HTTP/1.1
+// unless --enable-http2), probes, pprof and leader election as the flags
+// say.
+func newManager(cfg *rest.Config, scheme *runtime.Scheme, opts *options) (ctrl.Manager, error) {
 	var tlsOpts []func(*tls.Config)
 	if !opts.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
@@ -248,7 +274,6 @@ func run(args []string, stdout io.Writer) error {
 	if opts.secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
-
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metricsOpts,
@@ -263,41 +288,34 @@ func run(args []string, stdout io.Writer) error {
 		RetryPeriod:                   &opts.retryPeriod,
 	})
 	if err != nil {
-		return fmt.Errorf("creating the manager: %w", err)
+		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
-	ctx := ctrl.SetupSignalHandler()
-	err = controllers.Setup(ctx, mgr, controllers.Options{
-		Concurrency:             opts.concurrency,
-		MaxPasses:               opts.maxPasses,
-		MaxBuiltInPasses:        opts.maxBuiltInPasses,
-		PageSize:                opts.pageSize,
-		StatusInterval:          opts.statusInterval,
-		SettleWindow:            opts.settleWindow,
-		LagBound:                opts.lagBound,
-		AssumeSeveral:           opts.assumeSeveral,
+	return mgr, nil
+}
+
+// controllerOptions are the controllers' options from the flags.
+func (o *options) controllerOptions(selector labels.Selector, apiServers []string) controllers.Options {
+	return controllers.Options{
+		Concurrency:             o.concurrency,
+		MaxPasses:               o.maxPasses,
+		MaxBuiltInPasses:        o.maxBuiltInPasses,
+		PageSize:                o.pageSize,
+		StatusInterval:          o.statusInterval,
+		SettleWindow:            o.settleWindow,
+		LagBound:                o.lagBound,
+		AssumeSeveral:           o.assumeSeveral,
 		APIServerAddresses:      apiServers,
-		LagLimit:                opts.lagLimit,
-		StalledRetryBase:        opts.stalledRetryBase,
-		StalledRetryMax:         opts.stalledRetryMax,
-		AutoMigrate:             opts.autoMigrate,
-		DeferToStandard:         opts.deferToStandard,
-		ServeStandard:           opts.serveStandard,
+		LagLimit:                o.lagLimit,
+		StalledRetryBase:        o.stalledRetryBase,
+		StalledRetryMax:         o.stalledRetryMax,
+		AutoMigrate:             o.autoMigrate,
+		DeferToStandard:         o.deferToStandard,
+		ServeStandard:           o.serveStandard,
 		AutoMigrateSelector:     selector,
-		AutoMigrateBuiltIns:     opts.autoMigrateBuiltIns,
-		BuiltInInterval:         opts.builtInInterval,
-		EncryptionCheckInterval: opts.encryptionCheck,
-		BuiltInExclude:          splitList(opts.builtInExclude),
-		ReEncrypt:               reEncryptResources(opts.reEncrypt),
-	})
-	if err != nil {
-		return err
+		AutoMigrateBuiltIns:     o.autoMigrateBuiltIns,
+		BuiltInInterval:         o.builtInInterval,
+		EncryptionCheckInterval: o.encryptionCheck,
+		BuiltInExclude:          splitList(o.builtInExclude),
+		ReEncrypt:               reEncryptResources(o.reEncrypt),
 	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
-		return err
-	}
-	log.Info("Starting manager", "version", version.Get().Version, "migrates", opts.whatItDoes())
-	return mgr.Start(ctx)
 }
