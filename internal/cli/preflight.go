@@ -52,12 +52,8 @@ type preflightOptions struct {
 	readEtcd bool
 }
 
-func newPreflightCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
-	opts := preflightOptions{}
-	cmd := &cobra.Command{
-		Use:   "preflight -f FILE|DIR|- [-f ...] | --keep CRD=VERSION[,VERSION...]",
-		Short: "Say whether the API server would refuse a CRD upgrade, before it is applied",
-		Long: fmt.Sprintf(`preflight reads CRD manifests (files, directories with -R, or - for standard
+// preflightLong is the help of preflight.
+var preflightLong = fmt.Sprintf(`preflight reads CRD manifests (files, directories with -R, or - for standard
 input: the output of helm template --include-crds or kustomize build; other
 documents are left out) and holds each CRD against the live one. The API
 server refuses a CRD that drops a version status.storedVersions still lists
@@ -73,7 +69,9 @@ spec.versions" before). For each CRD it says, on one line:
                  and prunes status.storedVersions; then the apply passes
   blocked        it drops the live storage version and no version both
                  sides serve keeps every field (the objects and fields are
-                 named), or the API server refuses it for another reason
+                 named), its conversion webhook is not vouched for
+                 (--trust-conversion-webhook), or the API server refuses
+                 it for another reason
   new            the cluster has no such CRD
 
 A server-side dry run of each CRD (dryRun=All) confirms the verdict. Given
@@ -81,7 +79,14 @@ A server-side dry run of each CRD (dryRun=All) confirms the verdict. Given
 how many objects are stored at each version of a CRD whose manifest drops
 one; a read that does not hold every object the API lists exits %d.
 preflight writes nothing. It exits 0 when every CRD is ok or new, %d when
-one needs prepare, %d when one is blocked, 1 on an error.`, ExitUnaccounted, ExitPending, ExitBlocked),
+one needs prepare, %d when one is blocked, 1 on an error.`, ExitUnaccounted, ExitPending, ExitBlocked)
+
+func newPreflightCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
+	opts := preflightOptions{}
+	cmd := &cobra.Command{
+		Use:   "preflight -f FILE|DIR|- [-f ...] | --keep CRD=VERSION[,VERSION...]",
+		Short: "Say whether the API server would refuse a CRD upgrade, before it is applied",
+		Long:  preflightLong,
 		Example: `  helm template my-release my-chart --include-crds | kubectl restow preflight -f -
   kubectl restow preflight -f config/crd/ -R
   kubectl restow preflight --keep crontabs.stable.example.com=v1`,

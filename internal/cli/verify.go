@@ -46,12 +46,8 @@ type verifyOptions struct {
 	etcdFlags
 }
 
-func newVerifyCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
-	opts := verifyOptions{}
-	cmd := &cobra.Command{
-		Use:   "verify RESOURCE... | --all",
-		Short: "Read etcd: at which version and under which key each object is stored",
-		Long: fmt.Sprintf(`verify reads etcd directly, read-only, and counts the objects of each resource
+// verifyLong is the help of verify.
+var verifyLong = fmt.Sprintf(`verify reads etcd directly, read-only, and counts the objects of each resource
 by the API version they are stored at (the stored value's own header: JSON or
 CBOR apiVersion, the protobuf envelope) and by the encryption key they are
 stored under (the k8s:enc: prefix, and a KMS v2 envelope's key ID). Beside it,
@@ -70,7 +66,14 @@ wrong --etcd-prefix, a resource kept in another etcd) proves nothing and
 exits %d; a danger verdict exits %d.
 
 With --expect-version or --expect-key it is a gate: it exits %d if any object
-is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitUnaccounted, ExitDanger, ExitMismatch),
+is stored otherwise (or cannot be read), 0 if all match, 1 on an error.`, ExitUnaccounted, ExitDanger, ExitMismatch)
+
+func newVerifyCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
+	opts := verifyOptions{}
+	cmd := &cobra.Command{
+		Use:   "verify RESOURCE... | --all",
+		Short: "Read etcd: at which version and under which key each object is stored",
+		Long:  verifyLong,
 		Example: `  # On a control-plane node of a kubeadm cluster:
   kubectl restow verify crontabs.stable.example.com \
     --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert /etc/kubernetes/pki/etcd/ca.crt \
