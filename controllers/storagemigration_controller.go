@@ -323,27 +323,8 @@ func reRunRequested(sm *migrationv1alpha1.StorageMigration) bool {
 func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migrationv1alpha1.StorageMigration) (outcome, time.Duration) {
 	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
 	res := resolve(ctx, r.Migrator, gr)
-	if res.waiting == "" {
-		r.runs.waiting.Forget(sm.Name)
-	}
-	switch {
-	case res.waiting != "":
-		out := reconciling(migrationv1alpha1.WaitingForStorageVersionReason, res.waiting)
-		out.status.observedGeneration = set(sm.Generation)
-		return out, r.runs.waiting.When(sm.Name)
-	case res.stalled != "":
-		out := stalled(migrationv1alpha1.UnsupportedReason, res.stalled)
-		out.status.observedGeneration = set(sm.Generation)
-		// A re-run requested now has its answer: it stalled.
-		out.status.lastHandledReRunToken = set(sm.Annotations[migrationv1alpha1.ReRunAnnotation])
-		var unsupported []stepEvent
-		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != res.stalled {
-			// Once per cause, not once per retry.
-			unsupported = append(unsupported, stepEvent{corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", res.stalled})
-		}
-		return out.withEvents(unsupported...), r.runs.stalled.When(sm.Name)
-	case res.transient != nil:
-		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(res.transient)), transientRetryDelay
+	if out, after, done := r.unresolved(sm, res); done {
+		return out, after
 	}
 	target := res.target
 	if skipsFirstPass(sm, target) && sm.Status.Baseline == nil && !reRunRequested(sm) {
@@ -382,6 +363,36 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 		return withEncryptionBaseline(out, sm, target), 0
 	}
 	return r.startRun(ctx, sm, target, why), r.StatusInterval
+}
+
+// unresolved is the outcome of a resource Resolve could not make a target
+// of, and when to look again: waiting for the storage version, stalled
+// (told by an event once per cause), or a transient error; done is false
+// when res holds a target.
+func (r *StorageMigrationReconciler) unresolved(sm *migrationv1alpha1.StorageMigration, res resolution) (out outcome, after time.Duration, done bool) {
+	if res.waiting == "" {
+		r.runs.waiting.Forget(sm.Name)
+	}
+	switch {
+	case res.waiting != "":
+		out := reconciling(migrationv1alpha1.WaitingForStorageVersionReason, res.waiting)
+		out.status.observedGeneration = set(sm.Generation)
+		return out, r.runs.waiting.When(sm.Name), true
+	case res.stalled != "":
+		out := stalled(migrationv1alpha1.UnsupportedReason, res.stalled)
+		out.status.observedGeneration = set(sm.Generation)
+		// A re-run requested now has its answer: it stalled.
+		out.status.lastHandledReRunToken = set(sm.Annotations[migrationv1alpha1.ReRunAnnotation])
+		var unsupported []stepEvent
+		if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.StalledCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != res.stalled {
+			// Once per cause, not once per retry.
+			unsupported = append(unsupported, stepEvent{corev1.EventTypeWarning, migrationv1alpha1.UnsupportedReason, "Migrate", res.stalled})
+		}
+		return out.withEvents(unsupported...), r.runs.stalled.When(sm.Name), true
+	case res.transient != nil:
+		return reconciling(migrationv1alpha1.TransientErrorReason, migrator.Message(res.transient)), transientRetryDelay, true
+	}
+	return outcome{}, 0, false
 }
 
 // startRun launches a run in the background, resuming an interrupted one
