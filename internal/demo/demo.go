@@ -71,7 +71,6 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := routeLogs(logPath); err != nil {
 		return err
 	}
-
 	fmt.Fprintf(out, "restow demo: %d objects of a CRD whose storage version changes\n", opts.Objects)
 	step(out, 1, "Starting a throw-away control plane: etcd and kube-apiserver, built from source, on 127.0.0.1.")
 	env, err := controlplane.Start(controlplane.Options{
@@ -85,57 +84,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 		fmt.Fprintln(out, "Stopping the control plane.")
 		err = errors.Join(err, env.Stop())
 	}()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+	if err := tellKubeconfig(env, out, filepath.Join(dir, "kubeconfig")); err != nil {
 		return err
 	}
-	if disco, err := discovery.NewDiscoveryClientForConfig(env.Config); err == nil {
-		if v, err := disco.ServerVersion(); err == nil {
-			fmt.Fprintf(out, "   kube-apiserver %s is up. While the demo runs, kubectl reaches it with:\n", v.GitVersion)
-		}
-	}
-	fmt.Fprintf(out, "     export KUBECONFIG=%s\n", kubeconfig)
-
-	step(out, 2, "Installing restow's StorageMigration CRD and the demo CRD %s:\n   v1beta1 is its storage version, v1 is served too.", crdName)
 	show := &demoEnv{env: env, out: out}
-	if err := env.InstallCRD(ctx, cronTabCRD()); err != nil {
+	if err := createAndSwitch(ctx, show, opts.Objects); err != nil {
 		return err
 	}
-
-	namespaces := []string{"team-a", "team-b", "team-c", "team-d", "team-e"}
-	step(out, 3, "Creating %d CronTabs at v1beta1 in %d namespaces.", opts.Objects, len(namespaces))
-	t0 := time.Now()
-	if err := env.EnsureNamespaces(ctx, namespaces...); err != nil {
-		return err
-	}
-	err = env.CreateObjects(ctx, opts.Objects, func(i int) client.Object {
-		return cronTab(namespaces[i%len(namespaces)], fmt.Sprintf("crontab-%05d", i))
-	})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "   Created in %s.\n", time.Since(t0).Round(100*time.Millisecond))
-	if err := show.stored(ctx, map[string]int{"v1beta1": opts.Objects}); err != nil {
-		return err
-	}
-
-	step(out, 4, "The next release of the operator that owns %s switches its storage version to v1.", crdName)
-	if err := env.SetStorageVersion(ctx, crdName, "v1"); err != nil {
-		return err
-	}
-	if err := show.storedVersions(ctx); err != nil {
-		return err
-	}
-	if err := show.stored(ctx, map[string]int{"v1beta1": opts.Objects}); err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "   The switch rewrote nothing. Removing v1beta1 from the CRD now is refused:")
-	refused := removeVersion(ctx, env, "v1beta1")
-	if refused == nil {
-		return errors.New("the API server accepted removing v1beta1 before the migration")
-	}
-	fmt.Fprintf(out, "     %s\n", refused)
-
 	step(out, 5, "Starting the restow operator (in-process, automatic migration on; its log: %s).", logPath)
 	fmt.Fprintf(out, "   Before it prunes, restow waits out a settle window from the switch, so that writes that began on the\n"+
 		"   old storage have ended, then rewrites again what others wrote meanwhile. This control plane runs\n"+
@@ -154,8 +109,80 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, stopOperator()) }()
+	if err := followMigration(ctx, env, out, opts.Objects); err != nil {
+		return err
+	}
+	if err := proveAndRemove(ctx, show, opts.Objects); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nDone in %s.\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// tellKubeconfig writes the control plane's kubeconfig to path and says
+// how kubectl reaches it while the demo runs.
+func tellKubeconfig(env *controlplane.ControlPlane, out io.Writer, path string) error {
+	if err := env.WriteKubeconfig(path); err != nil {
+		return err
+	}
+	if disco, err := discovery.NewDiscoveryClientForConfig(env.Config); err == nil {
+		if v, err := disco.ServerVersion(); err == nil {
+			fmt.Fprintf(out, "   kube-apiserver %s is up. While the demo runs, kubectl reaches it with:\n", v.GitVersion)
+		}
+	}
+	fmt.Fprintf(out, "     export KUBECONFIG=%s\n", path)
+	return nil
+}
+
+// createAndSwitch is steps 2 to 4: the CRDs, n CronTabs at v1beta1, and
+// the storage switch to v1, after which removing v1beta1 is refused.
+func createAndSwitch(ctx context.Context, show *demoEnv, n int) error {
+	env, out := show.env, show.out
+	step(out, 2, "Installing restow's StorageMigration CRD and the demo CRD %s:\n   v1beta1 is its storage version, v1 is served too.", crdName)
+	if err := env.InstallCRD(ctx, cronTabCRD()); err != nil {
+		return err
+	}
+	namespaces := []string{"team-a", "team-b", "team-c", "team-d", "team-e"}
+	step(out, 3, "Creating %d CronTabs at v1beta1 in %d namespaces.", n, len(namespaces))
+	t0 := time.Now()
+	if err := env.EnsureNamespaces(ctx, namespaces...); err != nil {
+		return err
+	}
+	err := env.CreateObjects(ctx, n, func(i int) client.Object {
+		return cronTab(namespaces[i%len(namespaces)], fmt.Sprintf("crontab-%05d", i))
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   Created in %s.\n", time.Since(t0).Round(100*time.Millisecond))
+	if err := show.stored(ctx, map[string]int{"v1beta1": n}); err != nil {
+		return err
+	}
+
+	step(out, 4, "The next release of the operator that owns %s switches its storage version to v1.", crdName)
+	if err := env.SetStorageVersion(ctx, crdName, "v1"); err != nil {
+		return err
+	}
+	if err := show.storedVersions(ctx); err != nil {
+		return err
+	}
+	if err := show.stored(ctx, map[string]int{"v1beta1": n}); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "   The switch rewrote nothing. Removing v1beta1 from the CRD now is refused:")
+	refused := removeVersion(ctx, env, "v1beta1")
+	if refused == nil {
+		return errors.New("the API server accepted removing v1beta1 before the migration")
+	}
+	fmt.Fprintf(out, "     %s\n", refused)
+	return nil
+}
+
+// followMigration waits for the StorageMigration the operator creates by
+// itself and follows it to Ready, as kubectl restow status -w would.
+func followMigration(ctx context.Context, env *controlplane.ControlPlane, out io.Writer, n int) error {
 	sm := &migrationv1alpha1.StorageMigration{}
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKey{Name: crdName}, sm)
 		return err == nil, client.IgnoreNotFound(err)
 	})
@@ -163,7 +190,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("waiting for the automatic StorageMigration: %w", err)
 	}
 	fmt.Fprintf(out, "   restow saw status.storedVersions and created StorageMigration %s by itself.\n", sm.Name)
-	sm, outcome, err := cli.Follow(ctx, env.Client, crdName, int64(opts.Objects), cli.ReadyAt("v1"), out)
+	sm, outcome, err := cli.Follow(ctx, env.Client, crdName, int64(n), cli.ReadyAt("v1"), out)
 	switch {
 	case err != nil:
 		return err
@@ -174,9 +201,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 	fmt.Fprintf(out, "   StorageMigration %s is Ready: %d objects in %s including the settle window, %d re-encoded, %d already stored,\n"+
 		"   %d changed by others meanwhile, %d rewritten again after the window; it removed %v from status.storedVersions.\n",
 		sm.Name, last.Listed, last.CompletionTime.Sub(last.StartTime.Time).Round(time.Second), last.Migrated, last.AlreadyStored, last.Skipped, last.Rechecked, last.PrunedVersions)
+	return nil
+}
 
+// proveAndRemove is steps 6 and 7: every object stored at v1, read from
+// etcd, and the release that removes v1beta1 accepted, every CronTab read
+// back.
+func proveAndRemove(ctx context.Context, show *demoEnv, n int) error {
+	env, out := show.env, show.out
 	step(out, 6, "The proof, read from etcd (an API read converts objects and proves nothing about storage):")
-	if err := show.stored(ctx, map[string]int{"v1": opts.Objects}); err != nil {
+	if err := show.stored(ctx, map[string]int{"v1": n}); err != nil {
 		return err
 	}
 	if err := show.storedVersions(ctx); err != nil {
@@ -193,11 +227,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := env.Client.List(ctx, list); err != nil {
 		return fmt.Errorf("listing CronTabs at v1: %w", err)
 	}
-	if len(list.Items) != opts.Objects {
-		return fmt.Errorf("the API lists %d CronTabs, want %d", len(list.Items), opts.Objects)
+	if len(list.Items) != n {
+		return fmt.Errorf("the API lists %d CronTabs, want %d", len(list.Items), n)
 	}
 	fmt.Fprintf(out, "   Accepted: the CRD now has v1 only, and all %d CronTabs read back through the API.\n", len(list.Items))
-	fmt.Fprintf(out, "\nDone in %s.\n", time.Since(start).Round(time.Second))
 	return nil
 }
 
