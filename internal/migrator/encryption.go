@@ -288,24 +288,12 @@ func ParseEncryptionMetrics(raw []byte) (EncryptionState, error) {
 var readFamilies = []string{configInfoMetric, kmsKeyIDMetric, reloadsMetric, processStartMetric}
 
 func parseServerMetrics(raw []byte) (serverReading, error) {
-	var kept bytes.Buffer
-	lines := bufio.NewScanner(bytes.NewReader(raw))
-	lines.Buffer(make([]byte, 0, 64*1024), 1024*1024)
-	for lines.Scan() {
-		line := lines.Bytes()
-		name := bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("# HELP ")), []byte("# TYPE "))
-		if slices.ContainsFunc(readFamilies, func(f string) bool {
-			return bytes.HasPrefix(name, []byte(f)) && len(name) > len(f) && (name[len(f)] == ' ' || name[len(f)] == '{')
-		}) {
-			kept.Write(line)
-			kept.WriteByte('\n')
-		}
-	}
-	if err := lines.Err(); err != nil {
-		return serverReading{}, fmt.Errorf("reading metrics: %w", err)
+	kept, err := keepFamilies(raw)
+	if err != nil {
+		return serverReading{}, err
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(&kept)
+	families, err := parser.TextToMetricFamilies(kept)
 	if err != nil {
 		return serverReading{}, fmt.Errorf("parsing metrics: %w", err)
 	}
@@ -351,6 +339,29 @@ func parseServerMetrics(raw []byte) (serverReading, error) {
 		r.epoch.ProcessStart = millis(f.GetMetric()[0].GetGauge().GetValue())
 	}
 	return r, nil
+}
+
+// keepFamilies keeps, of a server's /metrics text, the lines of the
+// families encryption reads (readFamilies): the rest, most of the text, is
+// never parsed.
+func keepFamilies(raw []byte) (*bytes.Buffer, error) {
+	var kept bytes.Buffer
+	lines := bufio.NewScanner(bytes.NewReader(raw))
+	lines.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for lines.Scan() {
+		line := lines.Bytes()
+		name := bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("# HELP ")), []byte("# TYPE "))
+		if slices.ContainsFunc(readFamilies, func(f string) bool {
+			return bytes.HasPrefix(name, []byte(f)) && len(name) > len(f) && (name[len(f)] == ' ' || name[len(f)] == '{')
+		}) {
+			kept.Write(line)
+			kept.WriteByte('\n')
+		}
+	}
+	if err := lines.Err(); err != nil {
+		return nil, fmt.Errorf("reading metrics: %w", err)
+	}
+	return &kept, nil
 }
 
 func millis(seconds float64) int64 { return int64(seconds * 1000) }
