@@ -145,24 +145,8 @@ func Start(opts Options) (*ControlPlane, error) {
 	// limit of 5 requests a second would make them crawl.
 	cfg.QPS, cfg.Burst = 2000, 4000
 	cp := &ControlPlane{Config: cfg, Scheme: scheme, environment: environment}
-	switch {
-	case opts.OwnAddresses:
-		opts.APIServers = max(1, opts.APIServers)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		err := cp.startOwnAddresses(ctx, opts)
-		cancel()
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("starting %d API servers on addresses of their own: %w", opts.APIServers, err), cp.stopHA(), environment.Stop())
-		}
-	case opts.APIServers > 1:
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		err := cp.startHA(ctx, opts)
-		cancel()
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("starting %d API servers: %w", opts.APIServers, err), cp.stopHA(), environment.Stop())
-		}
-	case opts.LaggingAPIServer:
-		return nil, errors.Join(errors.New("LaggingAPIServer needs APIServers of 2 or more"), environment.Stop())
+	if err := cp.startMore(opts); err != nil {
+		return nil, err
 	}
 	if cp.Client, err = client.NewWithWatch(cp.Config, client.Options{Scheme: scheme}); err != nil {
 		return nil, errors.Join(err, cp.stopHA(), environment.Stop())
@@ -182,6 +166,28 @@ func Start(opts Options) (*ControlPlane, error) {
 		return nil, errors.Join(fmt.Errorf("connecting to etcd: %w", err), cp.stopHA(), environment.Stop())
 	}
 	return cp, nil
+}
+
+// startMore starts the API servers beyond envtest's first, on addresses of
+// their own or behind a balancer on loopback, as opts asks; on an error it
+// stops the whole control plane.
+func (e *ControlPlane) startMore(opts Options) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	switch {
+	case opts.OwnAddresses:
+		opts.APIServers = max(1, opts.APIServers)
+		if err := e.startOwnAddresses(ctx, opts); err != nil {
+			return errors.Join(fmt.Errorf("starting %d API servers on addresses of their own: %w", opts.APIServers, err), e.stopHA(), e.environment.Stop())
+		}
+	case opts.APIServers > 1:
+		if err := e.startHA(ctx, opts); err != nil {
+			return errors.Join(fmt.Errorf("starting %d API servers: %w", opts.APIServers, err), e.stopHA(), e.environment.Stop())
+		}
+	case opts.LaggingAPIServer:
+		return errors.Join(errors.New("LaggingAPIServer needs APIServers of 2 or more"), e.environment.Stop())
+	}
+	return nil
 }
 
 // Stop stops the API server and etcd.
