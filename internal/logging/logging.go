@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/zapr"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 )
 
@@ -104,9 +105,17 @@ func (s quietCancel) WithCallDepth(depth int) logr.LogSink {
 
 // cancelled says whether err is a context's cancellation, as such or as
 // the text a transport left of it. A deadline is not: that is a timeout,
-// and an error.
+// and an error; nor is an answer of the API server whose message happens
+// to end so: only this process's own cancellation is quiet.
 func cancelled(err error) bool {
-	return err != nil && (errors.Is(err, context.Canceled) || strings.HasSuffix(err.Error(), context.Canceled.Error()))
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, context.Canceled):
+		return true
+	}
+	var status apierrors.APIStatus
+	return !errors.As(err, &status) && strings.HasSuffix(err.Error(), context.Canceled.Error())
 }
 
 // Setup builds the logger, makes it klog's and returns it; the caller hands it

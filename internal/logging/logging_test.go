@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"go.uber.org/zap/zapcore"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 )
 
@@ -137,6 +138,10 @@ func TestCancelledIsNoError(t *testing.T) {
 	log.Error(errors.New("read tcp 127.0.0.1:1234: context canceled"), "Unexpected error when reading response body")
 	if got := line(); got["level"] != "debug" {
 		t.Errorf("a cancellation as a transport's text logged %v, want a debug line", got)
+	}
+	log.Error(apierrors.NewInternalError(errors.New("admission webhook: context canceled")), "Refused")
+	if got := line(); got["level"] != "error" {
+		t.Errorf("an API server's answer that ends in %q logged %v, want an error line", context.Canceled, got)
 	}
 	log.Error(context.DeadlineExceeded, "Timed out")
 	if got := line(); got["level"] != "error" || !strings.HasPrefix(got["caller"].(string), "logging/logging_test.go:") {
