@@ -54,7 +54,7 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 	if viaWebhook(crd) {
 		trip, err := c.roundTrip(ctx, crd, stored, v.Bridge)
 		if err != nil {
-			return err
+			return unchecked(v, err)
 		}
 		losses = trip.all()
 		// Field names may differ between versions: only the bridge's own
@@ -111,7 +111,7 @@ func (c *clients) webhookCheck(ctx context.Context, crd *apiextensionsv1.CustomR
 	}
 	trip, err := c.roundTrip(ctx, crd, stored, live.Storage)
 	if err != nil {
-		return err
+		return unchecked(v, err)
 	}
 	if len(trip.lost) > 0 {
 		v.State = preflight.Blocked

@@ -180,6 +180,8 @@ func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStre
 	case v.State != preflight.NeedsPrepare:
 		fmt.Fprintf(streams.Out, "%s: %s, nothing to prepare: %s\n", v.CRD, v.State, v.Reason)
 		return v.State, nil
+	case v.Unchecked != "":
+		return v.State, fmt.Errorf("%s; nothing was changed", v.Unchecked)
 	case opts.dryRun && v.Bridge != "":
 		fmt.Fprintf(streams.Out, "%s: would make %s the live storage version (no field of any object is lost at it: checked), migrate every object to it and prune status.storedVersions to [%s] (dry run: nothing changed)\n", v.CRD, v.Bridge, v.Bridge)
 		return v.State, nil
@@ -298,12 +300,12 @@ func (c *clients) recheck(ctx context.Context, name string, v preflight.Verdict)
 	}
 	stored := slices.DeleteFunc(storedAt(crd), func(s string) bool { return s == v.Bridge })
 	trip, err := c.roundTrip(ctx, crd, stored, v.Bridge)
-	switch {
-	case err != nil:
+	if err != nil {
 		return c.moveBack(ctx, name, v, fmt.Sprintf("the check after the switch failed: %v", err))
-	case len(trip.all()) > 0:
+	}
+	if losses := trip.all(); len(losses) > 0 {
 		return c.moveBack(ctx, name, v, fmt.Sprintf("after the switch, %s written at %s meanwhile would lose fields at %s or could not be converted there: %s",
-			objectCount(len(trip.all())), v.Storage, v.Bridge, nameLosses(trip.all())))
+			objectCount(len(losses)), v.Storage, v.Bridge, nameLosses(losses)))
 	}
 	return nil
 }
@@ -315,19 +317,23 @@ func (c *clients) recheck(ctx context.Context, name string, v preflight.Verdict)
 func (c *clients) moveBack(ctx context.Context, name string, v preflight.Verdict, why string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moveBackTimeout)
 	defer cancel()
+	now := v.Bridge
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		crd := &apiextensionsv1.CustomResourceDefinition{}
 		if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
 			return err
 		}
-		if preflight.LiveOf(crd).Storage != v.Bridge {
+		if now = preflight.LiveOf(crd).Storage; now != v.Bridge {
 			return nil
 		}
 		_, err := c.switchStorage(ctx, crd, v.Storage)
 		return err
 	})
 	back := fmt.Sprintf("moved the storage version back to %s", v.Storage)
-	if err != nil {
+	switch {
+	case err == nil && now != v.Bridge:
+		back = fmt.Sprintf("the storage version was already %s, moved by another client, and is left so", now)
+	case err != nil:
 		back = fmt.Sprintf("could not move the storage version back to %s (%v): apply the installed release again", v.Storage, err)
 	}
 	return &exitError{code: ExitBlocked, err: fmt.Errorf("%s; %s, and nothing was pruned", why, back)}

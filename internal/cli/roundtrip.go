@@ -34,6 +34,26 @@ func viaWebhook(crd *apiextensionsv1.CustomResourceDefinition) bool {
 	return crd.Spec.Conversion != nil && crd.Spec.Conversion.Strategy == apiextensionsv1.WebhookConverter
 }
 
+// webhookError is a round trip that the conversion webhook did not let
+// happen (unreachable from here, down, or failing for every object): the
+// fields are unchecked, which preflight says and prepare refuses to act on.
+type webhookError struct{ err error }
+
+func (e *webhookError) Error() string { return e.err.Error() }
+func (e *webhookError) Unwrap() error { return e.err }
+
+// unchecked records on v a round trip the webhook did not let happen, as
+// v.Unchecked and a warning, and returns nil; any other error is returned.
+func unchecked(v *preflight.Verdict, err error) error {
+	var we *webhookError
+	if !errors.As(err, &we) {
+		return err
+	}
+	v.Unchecked = we.Error()
+	v.Warnings = append(v.Warnings, "not checked from here: "+we.Error()+"; prepare makes the round trip before it changes anything, and stops if it cannot")
+	return nil
+}
+
 // tripResult is what a round trip found, by object: fields lost (or
 // objects changed meanwhile, which were not checked), and objects the
 // webhook would not convert, which a migration could not move either.
@@ -72,7 +92,7 @@ func (c *clients) roundTrip(ctx context.Context, crd *apiextensionsv1.CustomReso
 	}
 	convertor, _, err := factory.NewConverter(crd)
 	if err != nil {
-		return trip, fmt.Errorf("calling the conversion webhook of CRD %s: %w", crd.Name, err)
+		return trip, &webhookError{fmt.Errorf("calling the conversion webhook of CRD %s: %w", crd.Name, err)}
 	}
 	gv := func(version string) schema.GroupVersion {
 		return schema.GroupVersion{Group: crd.Spec.Group, Version: version}
@@ -87,7 +107,7 @@ func (c *clients) roundTrip(ctx context.Context, crd *apiextensionsv1.CustomReso
 		}
 		converted, err := tripAll(ctx, convertor, objs, gv(to), gv(version), trip)
 		if err != nil {
-			return trip, fmt.Errorf("the conversion webhook of CRD %s: %w, so restow cannot prove a round trip through %s keeps the objects' fields (a webhook behind a Service is reached at <name>.<namespace>.svc: run this inside the cluster, as the prepare Job does)", crd.Name, err, to)
+			return trip, &webhookError{fmt.Errorf("the conversion webhook of CRD %s: %w, so restow cannot prove a round trip through %s keeps the objects' fields (a webhook behind a Service is reached at <name>.<namespace>.svc: run this inside the cluster, as the prepare Job does)", crd.Name, err, to)}
 		}
 		refused, err := c.strictDryRuns(ctx, converted, to, false)
 		if err != nil {

@@ -109,7 +109,9 @@ func renamedCRD(group string, hook *testenv.ConversionWebhook, versions ...strin
 //	     back, nothing is migrated or pruned;
 //	(w4) objects left at a dropped version after a switch (an
 //	     interrupted prepare), the webhook lossy: prepare blocks before
-//	     migrating, nothing changed.
+//	     migrating, nothing changed;
+//	(w5) the webhook out of reach: preflight says needs prepare, not
+//	     checked from here; prepare fails, nothing changed.
 func TestBridgeThroughWebhook(t *testing.T) {
 	dir := t.TempDir()
 	// install applies release N-1 (v1alpha1 stored, v1beta1 served) as
@@ -210,6 +212,29 @@ func TestBridgeThroughWebhook(t *testing.T) {
 		}
 		fx.AssertAllStoredAt(t, "v1alpha1", releaseObjects)
 		fx.AssertStoredVersions(t, "v1alpha1", "v1beta1")
+	})
+
+	t.Run("w5: a webhook out of reach", func(t *testing.T) {
+		// As a Service's webhook is from outside the cluster: preflight
+		// still says what the apply needs, and that it could not check;
+		// prepare changes nothing.
+		hook := renamingWebhook(t, func() bool { return false })
+		fx, _, _, release := install(t, "w5.bridge.restow.dev", hook)
+		hook.Stop()
+		before := crdVersion(t, fx.CRDName())
+		out, _, code := restow(t, "preflight", "-f", release, "--trust-conversion-webhook")
+		if code != cli.ExitPending || !strings.Contains(out, fx.CRDName()+": needs prepare") || !strings.Contains(out, "not checked from here: the conversion webhook of CRD "+fx.CRDName()) {
+			t.Errorf("preflight exited %d, want %d, needs prepare and not checked from here:\n%s", code, cli.ExitPending, out)
+		}
+		out, _, code = restow(t, "prepare", "-f", release, "--trust-conversion-webhook", "--in-process")
+		if code != 1 || !strings.Contains(out, fx.CRDName()+": not prepared: the conversion webhook of CRD "+fx.CRDName()) || !strings.Contains(out, "nothing was changed") {
+			t.Errorf("prepare exited %d, want 1 and not prepared, nothing changed:\n%s", code, out)
+		}
+		if after := crdVersion(t, fx.CRDName()); after != before {
+			t.Errorf("the CRD's resourceVersion moved from %s to %s: prepare wrote it", before, after)
+		}
+		fx.AssertAllStoredAt(t, "v1alpha1", releaseObjects)
+		fx.AssertStoredVersions(t, "v1alpha1")
 	})
 
 	t.Run("w4: objects left at a dropped version after a switch, a lossy webhook", func(t *testing.T) {

@@ -226,6 +226,10 @@ type Verdict struct {
 	// was judged (and, for a bridge, field-checked): prepare writes
 	// nothing to a CRD that changed since.
 	CheckedResourceVersion string `json:"-"`
+	// Unchecked says why a check that prepare needs before it writes could
+	// not be made here (a conversion webhook out of reach): preflight
+	// warns, prepare changes nothing.
+	Unchecked string `json:"unchecked,omitempty"`
 	// Warnings are what the user should know that does not change the
 	// state.
 	Warnings []string `json:"warnings,omitempty"`
