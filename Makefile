@@ -178,6 +178,15 @@ bench: envtest-assets ## Run the benchmarks on the source-built control plane, w
 	  RESTOW_BENCH_PROFILE=$(RESTOW_BENCH_OUT)/profiles \
 	  go test -run '^$$' -bench . $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
 
+# The defaults' cost: the manager process, started right after the storage
+# switch, with its default flags and with --auto-migrate-builtins=false,
+# against the fastest bare loops, interleaved (5 rounds at 10,000 objects,
+# one at 50,000); it prints each row's median against the fastest loop's.
+.PHONY: bench-defaults
+bench-defaults: envtest-assets test-manager ## Time the manager with its defaults against the trigger of built-ins off and the bare loops, writing docs/bench/defaults/.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_BENCH_OUT=$(RESTOW_BENCH_OUT)/defaults RESTOW_MANAGER_BINARY=$(TEST_MANAGER) \
+	  go test -run '^$$' -bench BenchmarkDefaults $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
+
 # The scale point: the manager as deployed (default settle window) over
 # 200,000 objects, for its memory and status writes (about 28 minutes).
 RESTOW_BENCH_SCALE ?= 200000

@@ -79,6 +79,9 @@ type strategy struct {
 	// operator, when not nil, runs cmd/manager as a process with these
 	// extra flags and times its automatic migration instead of pass.
 	operator []string
+	// fromStart starts the manager right after the storage switch, in
+	// the timed part, instead of before it.
+	fromStart bool
 	// yield runs the pass as a service account under the shipped API
 	// Priority and Fairness objects beside a steady writer, and reports the
 	// writer's latency.
@@ -752,19 +755,29 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 	var peakRSS uint64
 	for b.Loop() {
 		b.StopTimer()
-		f.pruneStoredVersions(b)
-		manager := operator.StartProcess(b, operator.ProcessOptions{
-			Kubeconfig: kubeconfig,
-			// The settle window is a safety wait, not work: kept short here
-			// so the figure is the pass itself.
-			Args: append([]string{"--auto-migrate-selector=" + benchLabel + "=" + strconv.Itoa(f.n), "--settle-window=1s"}, s.operator...),
-		})
-		if err := manager.WaitLeader(ctx, time.Minute); err != nil {
-			b.Fatal(err)
+		if s.fromStart {
+			f.deleteBuiltInMigrations(b)
 		}
-		requestsBefore, err := manager.Metric(ctx, "rest_client_requests_total", nil)
-		if err != nil {
-			b.Fatal(err)
+		f.pruneStoredVersions(b)
+		start := func() *operator.Process {
+			return operator.StartProcess(b, operator.ProcessOptions{
+				Kubeconfig: kubeconfig,
+				// The settle window is a safety wait, not work: kept short
+				// here so the figure is the pass itself.
+				Args: append([]string{"--auto-migrate-selector=" + benchLabel + "=" + strconv.Itoa(f.n), "--settle-window=1s"}, s.operator...),
+			})
+		}
+		var manager *operator.Process
+		var requestsBefore float64
+		if !s.fromStart {
+			manager = start()
+			if err := manager.WaitLeader(ctx, time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			var err error
+			if requestsBefore, err = manager.Metric(ctx, "rest_client_requests_total", nil); err != nil {
+				b.Fatal(err)
+			}
 		}
 		waitQuiet(b, f.env)
 		writes, stopCounting := f.countMigrationWrites(b)
@@ -775,6 +788,9 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		b.StartTimer()
 		if err := f.switchStorage(ctx); err != nil {
 			b.Fatal(err)
+		}
+		if s.fromStart {
+			manager = start()
 		}
 		err = f.waitPruned(ctx)
 		b.StopTimer()

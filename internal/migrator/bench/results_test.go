@@ -124,7 +124,7 @@ func bestBare(all []figures, objects int) (figures, bool) {
 // steady writer's latency, in the order strategies() lists the strategies.
 func tables(all []figures) string {
 	order := map[string]int{}
-	for i, s := range strategies() {
+	for i, s := range slices.Concat(strategies(), defaultsStrategies()) {
 		order[s.name] = i
 	}
 	// The HA rows ran on a control plane of their own: a table apart.
@@ -226,8 +226,8 @@ func tables(all []figures) string {
 // minutes apart on a shared host, moved together.
 func roundsTable(all []figures) string {
 	var names []string
-	for _, s := range strategies() {
-		if s.interleave {
+	for _, s := range slices.Concat(strategies(), defaultsStrategies()) {
+		if s.interleave && !slices.Contains(names, s.name) {
 			names = append(names, s.name)
 		}
 	}
