@@ -187,6 +187,14 @@ bench-defaults: envtest-assets test-manager ## Time the manager with its default
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_BENCH_OUT=$(RESTOW_BENCH_OUT)/defaults RESTOW_MANAGER_BINARY=$(TEST_MANAGER) \
 	  go test -run '^$$' -bench BenchmarkDefaults $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
 
+# What restow's repeated reads cost (requests and bytes per period, on three
+# API servers), and how soon the manager migrates behind an API server whose
+# watch lags RESTOW_BENCH_LAG (90 s by default).
+.PHONY: bench-background
+bench-background: envtest-assets test-manager ## Measure the cost of each periodic read and the reaction behind a lagging API server.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_MANAGER_BINARY=$(TEST_MANAGER) \
+	  go test -run '^$$' -bench 'BenchmarkPeriodicReads|BenchmarkReactionBehindLag' $(BENCH_FLAGS) -count 1 ./internal/migrator/bench/
+
 # The scale point: the manager as deployed (default settle window) over
 # 200,000 objects, for its memory and status writes (about 28 minutes).
 RESTOW_BENCH_SCALE ?= 200000

@@ -49,6 +49,12 @@ type AutoMigrationReconciler struct {
 	// Standard, when set, holds the standard StorageVersionMigrations: the
 	// trigger leaves a resource that one of them is migrating to it.
 	Standard *StandardMigrations
+	// Wake, when set, hands each StorageMigration the trigger creates to the
+	// StorageMigration controller at once, rather than through the
+	// controller's watch: that watch may run through an API server whose
+	// watch lags, as the CRD event that led here did, and a second lag
+	// would be waited out before the pass could even begin.
+	Wake chan<- event.GenericEvent
 
 	// heldBack remembers, per CRD, the StorageVersionMigration the trigger
 	// last said it held back for, so the event is sent once.
@@ -178,7 +184,15 @@ func (r *AutoMigrationReconciler) create(ctx context.Context, crd *apiextensions
 		r.Recorder.Eventf(crd, nil, corev1.EventTypeNormal, "AutomaticMigrationCreated", "AutoMigrate",
 			"Created StorageMigration %s: status.storedVersions is %v and the storage version is %s",
 			sm.Name, crd.Status.StoredVersions, storedversions.StorageVersion(crd))
-		return nil
+		if r.Wake == nil {
+			return nil
+		}
+		select {
+		case r.Wake <- event.GenericEvent{Object: sm}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	case !apierrors.IsAlreadyExists(err):
 		return err
 	}

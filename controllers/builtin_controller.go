@@ -71,6 +71,15 @@ type BuiltInMigrationReconciler struct {
 	Interval time.Duration
 	// Wake reaches the StorageMigration controller.
 	Wake chan<- event.GenericEvent
+	// Idle returns once no pass rewrites (migrator.Migrator's WaitIdle).
+	Idle func(context.Context) error
+	// Sweep reads every API server's own discovery of the group versions
+	// (migrator.Migrator's SweepServerHashes).
+	Sweep func(context.Context, []schema.GroupVersion) (migrator.ServerHashes, error)
+
+	// seen, when set, receives each sweep, for the StorageMigration
+	// controller to leave resources that did not move alone.
+	seen *sweptHashes
 
 	// missing counts, per StorageMigration it made, the complete reads in
 	// a row that did not list its resource (one worker: no lock needed).
@@ -109,8 +118,8 @@ var DefaultBuiltInExclude = []string{"events", "events.events.k8s.io"}
 // watch every Lease of the cluster, nodes' heartbeats among them).
 func (r *BuiltInMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	switch {
-	case r.Client == nil, r.APIReader == nil, r.Discovery == nil, r.Leases == nil, r.Recorder == nil, r.Wake == nil:
-		return errors.New("BuiltInMigrationReconciler needs Client, APIReader, Discovery, Leases, Recorder and Wake")
+	case r.Client == nil, r.APIReader == nil, r.Discovery == nil, r.Leases == nil, r.Recorder == nil, r.Wake == nil, r.Idle == nil, r.Sweep == nil:
+		return errors.New("BuiltInMigrationReconciler needs Client, APIReader, Discovery, Leases, Recorder, Wake, Idle and Sweep")
 	case r.Interval <= 0:
 		return errors.New("BuiltInMigrationReconciler needs Interval > 0")
 	}
@@ -154,14 +163,27 @@ var serverChanged = predicate.Funcs{
 
 // Reconcile reads discovery, creates the StorageMigrations of resources
 // seen for the first time, and deletes its own whose resource is gone. It
-// wakes every StorageMigration of a built-in resource that recorded a
-// storage version, not only those whose storageVersionHash moved in the
-// discovery read here: that read went to one API server, maybe one not
-// upgraded yet, while each StorageMigration reads every server's own.
+// wakes each StorageMigration of a built-in resource whose recorded
+// storageVersionHash any API server no longer publishes: the read through
+// the usual client reaches one server, maybe one not upgraded yet, so it
+// sweeps every server's own discovery too (one request per group version
+// and server), and wakes every StorageMigration that recorded a hash when
+// it cannot read every server. One that nothing moved costs no request.
 func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	found, complete, err := r.discover(ctx)
+	// Background work: it waits while a pass rewrites.
+	if err := r.Idle(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	found, groupVersions, complete, err := r.discover(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	servers, err := r.Sweep(ctx, groupVersions)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if r.seen != nil {
+		r.seen.publish(found, servers)
 	}
 	var all migrationv1alpha1.StorageMigrationList
 	if err := r.Client.List(ctx, &all); err != nil {
@@ -194,6 +216,11 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 			if recorded != "" && recorded != res.hash {
 				log.Info("The storage version of a built-in resource moved", "resource", res.gr.String(), "storageMigration", klog.KObj(sm),
 					"recorded", recorded, "now", res.hash)
+			}
+			if recorded == res.hash && !servers.Moved(res.gr, recorded) {
+				// Every API server still publishes the hash it recorded:
+				// nothing to look at, and no request for it.
+				continue
 			}
 			if err := r.wake(ctx, sm); err != nil {
 				return ctrl.Result{}, err
@@ -328,21 +355,22 @@ type builtIn struct {
 
 // discover lists the resources that kube-apiserver serves itself, from
 // aggregated discovery (one request) and the discovery document of each of
-// their group versions, which alone carries storageVersionHash. complete
-// says every group version was read: only then may a resource missing from
-// the list be taken as gone.
-func (r *BuiltInMigrationReconciler) discover(ctx context.Context) (found []builtIn, complete bool, err error) {
+// their group versions, which alone carries storageVersionHash; read are
+// the group versions whose document it read. complete says every group
+// version was read: only then may a resource missing from the list be
+// taken as gone.
+func (r *BuiltInMigrationReconciler) discover(ctx context.Context) (found []builtIn, read []schema.GroupVersion, complete bool, err error) {
 	groups, err := r.Discovery.ServerGroups()
 	if err != nil {
-		return nil, false, fmt.Errorf("reading discovery: %w", err)
+		return nil, nil, false, fmt.Errorf("reading discovery: %w", err)
 	}
 	aggregated, err := r.aggregatedGroupVersions(ctx)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	crds, err := r.crdResources(ctx)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	complete = true
 	seen := map[schema.GroupResource]bool{}
@@ -357,6 +385,9 @@ func (r *BuiltInMigrationReconciler) discover(ctx context.Context) (found []buil
 				complete = false
 				continue
 			}
+			if gv, err := schema.ParseGroupVersion(v.GroupVersion); err == nil {
+				read = append(read, gv)
+			}
 			for _, res := range resources.APIResources {
 				gr := schema.GroupResource{Group: g.Name, Resource: res.Name}
 				if strings.Contains(res.Name, "/") || seen[gr] || crds[gr] {
@@ -367,7 +398,7 @@ func (r *BuiltInMigrationReconciler) discover(ctx context.Context) (found []buil
 			}
 		}
 	}
-	return found, complete, nil
+	return found, read, complete, nil
 }
 
 // skips says why restow leaves a built-in resource alone, or "".

@@ -45,10 +45,13 @@ const resourceIndex = "spec.resource"
 // storage version yet: look again with backoff), stalled (the resource
 // cannot be migrated as it is) or transient (retry shortly).
 type resolution struct {
-	target    migrator.Target
-	waiting   string
-	stalled   string
-	transient error
+	target  migrator.Target
+	waiting string
+	// waitingServers: waiting for the API servers to agree on a built-in
+	// resource's storage version, as through a control-plane upgrade.
+	waitingServers bool
+	stalled        string
+	transient      error
 }
 
 // resolve resolves gr with the engine and sorts the answer.
@@ -58,13 +61,28 @@ func resolve(ctx context.Context, m *migrator.Migrator, gr schema.GroupResource)
 	var stalledErr *migrator.StalledError
 	switch {
 	case errors.As(err, &waitErr):
-		return resolution{waiting: waitErr.Message}
+		return resolution{waiting: waitErr.Message, waitingServers: waitErr.Servers}
 	case errors.As(err, &stalledErr):
 		return resolution{stalled: stalledErr.Message}
 	case err != nil:
 		return resolution{transient: err}
 	}
 	return resolution{target: target}
+}
+
+// waitFor is how long the StorageMigration (or StorageVersionMigration)
+// name, waiting as res says, waits before it resolves again: backing off to
+// waitForStorageVersionMax while one API server's informer catches up with
+// a CRD, to waitForServersMax while the API servers disagree on a built-in
+// resource (an upgrade rolls for minutes, and each look reads every
+// server's discovery; a server that restarts, changing its identity
+// Lease's holder, wakes the StorageMigrations of built-in resources at
+// once).
+func (rs *runs) waitFor(name string, res resolution) time.Duration {
+	if res.waitingServers {
+		return rs.servers.When(name)
+	}
+	return rs.waiting.When(name)
 }
 
 // runOptions are the engine's options for a run: the manager's knobs, and

@@ -118,16 +118,18 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		Options:   opts,
 	}
 	builtIns := opts.AutoMigrateBuiltIns || len(opts.ReEncrypt) > 0
-	var wake chan event.GenericEvent
+	// The triggers hand the StorageMigrations they create or find moved to
+	// the StorageMigration controller through wake.
+	wake := make(chan event.GenericEvent)
+	migrations.Wake = wake
 	if builtIns {
-		wake = make(chan event.GenericEvent)
-		migrations.Wake = wake
+		migrations.seen = &sweptHashes{}
 	}
 	if err := migrations.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
 	}
 	if builtIns {
-		if err := setupBuiltIns(mgr, m, opts, wake); err != nil {
+		if err := setupBuiltIns(mgr, m, opts, wake, migrations.seen); err != nil {
 			return fmt.Errorf("setting up automatic migration of built-in resources: %w", err)
 		}
 	}
@@ -144,6 +146,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  recorder,
 		Selector:  opts.AutoMigrateSelector,
+		Wake:      wake,
 	}
 	if opts.DeferToStandard {
 		auto.Standard = standard
@@ -170,7 +173,7 @@ func setupServed(mgr ctrl.Manager, m *migrator.Migrator, standard *StandardMigra
 }
 
 // setupBuiltIns registers the automatic trigger of built-in resources.
-func setupBuiltIns(mgr ctrl.Manager, m *migrator.Migrator, opts Options, wake chan<- event.GenericEvent) error {
+func setupBuiltIns(mgr ctrl.Manager, m *migrator.Migrator, opts Options, wake chan<- event.GenericEvent, seen *sweptHashes) error {
 	leases, err := kubernetes.NewForConfig(mgr.GetConfig())
 	if err != nil {
 		return err
@@ -188,9 +191,12 @@ func setupBuiltIns(mgr ctrl.Manager, m *migrator.Migrator, opts Options, wake ch
 		Exclude:   opts.BuiltInExclude,
 		Interval:  interval,
 		Wake:      wake,
+		Idle:      m.WaitIdle,
+		Sweep:     m.SweepServerHashes,
 
 		ReEncrypt:     opts.ReEncrypt,
 		ReEncryptOnly: !opts.AutoMigrateBuiltIns,
+		seen:          seen,
 	}
 	return builtIns.SetupWithManager(mgr)
 }

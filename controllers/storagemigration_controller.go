@@ -61,6 +61,11 @@ type StorageMigrationReconciler struct {
 	Options
 
 	runs *runs
+	// seen is the trigger of built-in resources' last sweep of every API
+	// server, when that trigger runs (background.go).
+	seen *sweptHashes
+	// started is when the reconciler was set up.
+	started time.Time
 }
 
 // +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations,verbs=get;list;watch
@@ -87,6 +92,7 @@ func (r *StorageMigrationReconciler) SetupWithManager(ctx context.Context, mgr c
 		return errors.New("StorageMigrationReconciler needs StatusInterval > 0 and 0 < StalledRetryBase <= StalledRetryMax")
 	}
 	r.runs = newRuns(r.StalledRetryBase, r.StalledRetryMax)
+	r.started = time.Now()
 	if err := mgr.Add(r.runs); err != nil {
 		return err
 	}
@@ -137,6 +143,9 @@ func (r *StorageMigrationReconciler) migrationsForCRD(ctx context.Context, crd c
 // Reconcile reads the StorageMigration live, decides, records the outcome
 // and patches status once.
 func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
+	if later, skip := r.background(ctx, req); skip {
+		return ctrl.Result{RequeueAfter: later}, nil
+	}
 	sm := &migrationv1alpha1.StorageMigration{}
 	if err := r.APIReader.Get(ctx, req.NamespacedName, sm); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -377,7 +386,7 @@ func (r *StorageMigrationReconciler) unresolved(sm *migrationv1alpha1.StorageMig
 	case res.waiting != "":
 		out := reconciling(migrationv1alpha1.WaitingForStorageVersionReason, res.waiting)
 		out.status.observedGeneration = set(sm.Generation)
-		return out, r.runs.waiting.When(sm.Name), true
+		return out, r.runs.waitFor(sm.Name, res), true
 	case res.stalled != "":
 		out := stalled(migrationv1alpha1.UnsupportedReason, res.stalled)
 		out.status.observedGeneration = set(sm.Generation)

@@ -52,7 +52,7 @@ func (r *StorageVersionMigrationReconciler) start(ctx context.Context, m *svmv1.
 	var out svmOutcome
 	switch {
 	case res.waiting != "":
-		out = svmOutcome{running: res.waiting, requeue: r.runs.waiting.When(m.Name)}
+		out = svmOutcome{running: res.waiting, requeue: r.runs.waitFor(m.Name, res)}
 	case res.stalled != "":
 		return r.unsupported(m, res.stalled)
 	case res.transient != nil:

@@ -257,6 +257,10 @@ func (e *StalledError) Why() string {
 // not ready for it yet (it does not store at the new version yet).
 type WaitError struct {
 	Message string
+	// Servers: the API servers store a built-in resource at different
+	// versions, or some cannot be read, as during a control-plane upgrade,
+	// which takes minutes to hours, not a CRD informer's second.
+	Servers bool
 }
 
 func (e *WaitError) Error() string { return "waiting: " + e.Message }

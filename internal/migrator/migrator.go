@@ -84,6 +84,8 @@ type Migrator struct {
 	// DefaultMaxBuiltInPasses.
 	MaxBuiltInPasses int
 	builtInSlots     chan struct{}
+	// rewriting is open while no pass holds a slot (gate.go).
+	rewriting gate
 	// Throttle, if set, sees the API server's 429 answers to Metadata's
 	// and Objects' requests, so passes slow down at once (package pace).
 	Throttle *pace.Throttle

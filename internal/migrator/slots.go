@@ -42,9 +42,11 @@ func (m *Migrator) slot(ctx context.Context) (func(), error) {
 	slots := m.passSlots()
 	select {
 	case slots <- struct{}{}:
+		m.rewriting.enter()
 		m.slotsChanged(slots)
 		return func() {
 			<-slots
+			m.rewriting.leave()
 			m.slotsChanged(slots)
 		}, nil
 	case <-ctx.Done():

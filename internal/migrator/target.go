@@ -231,13 +231,13 @@ func (m *Migrator) resolveBuiltIn(ctx context.Context, target Target) (Target, e
 	}
 	switch {
 	case differ:
-		return Target{}, &WaitError{Message: fmt.Sprintf(
+		return Target{}, &WaitError{Servers: true, Message: fmt.Sprintf(
 			"The API servers store %s at different versions, as during a control-plane upgrade or rollback: each server's own discovery shows %s. restow re-stores once every server stores at one version",
 			target.Resource.GroupResource(), strings.Join(said, "; "))}
 	case unread:
 		// A server restarting, as each does in an upgrade, may come back
 		// at another version: nothing is known of it until it answers.
-		return Target{}, &WaitError{Message: fmt.Sprintf(
+		return Target{}, &WaitError{Servers: true, Message: fmt.Sprintf(
 			"restow cannot read every API server's own discovery of %s, and a server that restarts, as in an upgrade, may store at another version: %s. It looks again until each answers",
 			target.Resource.GroupResource(), strings.Join(said, "; "))}
 	}

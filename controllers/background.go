@@ -1,0 +1,109 @@
+package controllers
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/migrator"
+)
+
+// Background work (the automatic StorageMigrations of built-in resources
+// that nobody asked anything of) yields to passes and costs no request
+// where nothing moved.
+
+// backgroundRetry is how soon a StorageMigration put off looks again: a
+// read of the manager's cache, no request.
+const backgroundRetry = 5 * time.Second
+
+// firstSweepWait is how long, after the manager starts, a StorageMigration
+// at rest waits for the trigger's first sweep before it resolves its
+// resource anyway.
+const firstSweepWait = time.Minute
+
+// background says whether to leave the reconcile of req for now, and when
+// to look again (zero: not until something wakes it). It reads the
+// StorageMigration from the cache, so leaving it costs no request. Only the
+// automatic StorageMigration of a built-in resource, with no run of its
+// own, that nobody asked anything of (no new spec, no re-run) and that
+// resumes no interrupted pass, is left: while any pass rewrites (its
+// baseline, its encryption check, a re-store after an upgrade all wait),
+// and, at rest, while the trigger's last sweep shows every API server still
+// publishing the storageVersionHash it recorded.
+func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Request) (time.Duration, bool) {
+	if r.runs.get(req.Name) != nil {
+		return 0, false
+	}
+	sm := &migrationv1alpha1.StorageMigration{}
+	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
+		return 0, false
+	}
+	// A spec changed since it was last observed is someone's ask; a new
+	// StorageMigration, never observed, is the trigger's.
+	specChanged := sm.Status.ObservedGeneration != 0 && sm.Generation != sm.Status.ObservedGeneration
+	if !isBuiltInAutomatic(sm) || !sm.DeletionTimestamp.IsZero() || sm.Status.Progress != nil || specChanged || reRunRequested(sm) {
+		return 0, false
+	}
+	if r.Migrator.Rewriting() {
+		return backgroundRetry, true
+	}
+	if r.seen == nil || !r.atRest(sm) {
+		return 0, false
+	}
+	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
+	switch swept, unmoved := r.seen.unmoved(gr, recordedHash(sm)); {
+	case unmoved:
+		return 0, true
+	case !swept && time.Since(r.started) < firstSweepWait:
+		return backgroundRetry, true
+	}
+	return 0, false
+}
+
+// atRest says whether sm, an automatic StorageMigration of a built-in
+// resource, rests: Ready, with a hash recorded and nothing left to retry,
+// and not re-encrypted (those read the encryption state each period).
+func (r *StorageMigrationReconciler) atRest(sm *migrationv1alpha1.StorageMigration) bool {
+	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
+	return meta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
+		recordedHash(sm) != "" && (sm.Status.LastPass == nil || sm.Status.LastPass.Failed == 0) &&
+		!slices.Contains(r.ReEncrypt, gr)
+}
+
+// sweptHashes is what the trigger of built-in resources last saw: per
+// resource, the storageVersionHash the usual discovery read and every API
+// server's own agreed on. A resource they disagree on, or any resource of
+// a sweep that could not read every server, is absent.
+type sweptHashes struct {
+	mu     sync.RWMutex
+	swept  bool
+	agreed map[schema.GroupResource]string
+}
+
+// publish records a sweep: found from the usual read, servers from each
+// API server's own discovery.
+func (s *sweptHashes) publish(found []builtIn, servers migrator.ServerHashes) {
+	agreed := map[schema.GroupResource]string{}
+	for _, res := range found {
+		if res.hash != "" && !servers.Moved(res.gr, res.hash) {
+			agreed[res.gr] = res.hash
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.swept, s.agreed = true, agreed
+}
+
+// unmoved says whether a sweep was published, and whether in the last one
+// every API server published recorded for gr.
+func (s *sweptHashes) unmoved(gr schema.GroupResource, recorded string) (swept, unmoved bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.swept, s.swept && recorded != "" && s.agreed[gr] == recorded
+}

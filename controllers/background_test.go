@@ -1,0 +1,73 @@
+package controllers_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+)
+
+// TestBackgroundWaitsForAPass: background work yields to a pass. The
+// automatic StorageMigration of a built-in resource, created while a pass
+// over a CRD rewrites, records no baseline (it reads no API server's
+// discovery) until that pass has ended; then it does, and the pass was not
+// held up. Without the gate the baseline is recorded within a reconcile of
+// its creation, mid-pass.
+func TestBackgroundWaitsForAPass(t *testing.T) {
+	f := fixture{group: "yield.controllers.restow.dev", kind: "Widget", plural: "widgets", namespaced: true}
+	f.install(t, "v1beta1", "v1")
+	f.createObjects(t, 1500, tenNamespaces...)
+	f.switchStorage(t, "v1")
+	startManager(t, nil)
+	under := f.slowPassUnderWay(t, nil)
+
+	builtIn := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "podtemplates", Labels: map[string]string{
+			migrationv1alpha1.AutomaticLabel: "true",
+			migrationv1alpha1.BuiltInLabel:   "true",
+		}},
+		Spec: migrationv1alpha1.StorageMigrationSpec{
+			Resource:  migrationv1alpha1.GroupResource{Resource: "podtemplates"},
+			FirstPass: migrationv1alpha1.FirstPassSkip,
+		},
+	}
+	if err := env.Client.Create(t.Context(), builtIn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), builtIn) })
+
+	// Two more status writes of the pass (200 ms apart here) after the
+	// creation: the built-in StorageMigration's first reconcile came and
+	// went meanwhile.
+	migrated := under.Status.Progress.Migrated
+	var seen int
+	waitFor(t, under.Name, time.Minute, "two more writes of progress", func(sm *migrationv1alpha1.StorageMigration) bool {
+		if p := sm.Status.Progress; p != nil && p.Migrated > migrated {
+			migrated = p.Migrated
+			seen++
+		}
+		return seen >= 2 || sm.Status.Progress == nil
+	})
+	mid := &migrationv1alpha1.StorageMigration{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: builtIn.Name}, mid); err != nil {
+		t.Fatal(err)
+	}
+	under = waitFor(t, under.Name, time.Minute, "Ready", readyAt("v1"))
+	if seen < 2 {
+		t.Fatalf("the pass ended (%d objects) before two more writes of progress: too fast to show the gate", under.Status.LastPass.Listed)
+	}
+	if mid.Status.Baseline != nil {
+		t.Errorf("the built-in StorageMigration recorded its baseline at %s, while the pass over %s rewrote (it ended at %s)",
+			mid.Status.Baseline.RecordedAt, f.crdName(), under.Status.LastPass.CompletionTime)
+	}
+	// Once no pass rewrites (the gate opens when the pass ends, or for its
+	// settle window), the baseline comes.
+	waitFor(t, builtIn.Name, time.Minute, "a baseline once the pass ended", func(sm *migrationv1alpha1.StorageMigration) bool {
+		return sm.Status.Baseline != nil
+	})
+	f.assertStored(t, "v1", 1500)
+}
