@@ -7,15 +7,17 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/internal/migrator"
 )
 
 // defaultsStrategies are the rows of BenchmarkDefaults: the manager as users
 // run it, process start included, with its default flags and with the
-// trigger of built-in resources off, beside the in-process pass and the
+// trigger of built-in resources off, beside the paced pass alone and the
 // fastest bare loops of either request kind (64 and 128 workers, the fastest
 // in every run of the sweep so far).
 func defaultsStrategies() []strategy {
@@ -24,6 +26,9 @@ func defaultsStrategies() []strategy {
 		// default (internal/operator); the manager's own default is on.
 		{name: "manager-defaults", operator: []string{"--auto-migrate-builtins=true"}, fromStart: true, interleave: true},
 		{name: "manager-builtins-off", operator: []string{"--auto-migrate-builtins=false"}, fromStart: true, interleave: true},
+		// The paced pass alone, in this process, timed from its first
+		// request to its last object (BenchmarkCompare's restow row).
+		{name: "restow", migrate: &migrator.Options{Prune: true, SettleWindow: time.Second}, interleave: true},
 	}
 	for _, c := range []int{64, 128} {
 		out = append(out,
