@@ -207,24 +207,8 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 			}
 			continue
 		}
-		for _, sm := range covered[res.gr] {
-			recorded := recordedHash(sm)
-			if recorded == "" && sm.Status.LastPass == nil {
-				// Nothing recorded yet: its own first reconcile decides.
-				continue
-			}
-			if recorded != "" && recorded != res.hash {
-				log.Info("The storage version of a built-in resource moved", "resource", res.gr.String(), "storageMigration", klog.KObj(sm),
-					"recorded", recorded, "now", res.hash)
-			}
-			if recorded == res.hash && !servers.Moved(res.gr, recorded) {
-				// Every API server still publishes the hash it recorded:
-				// nothing to look at, and no request for it.
-				continue
-			}
-			if err := r.wake(ctx, sm); err != nil {
-				return ctrl.Result{}, err
-			}
+		if err := r.wakeMoved(ctx, res, covered[res.gr], servers); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
 	if complete {
@@ -255,6 +239,33 @@ func (r *BuiltInMigrationReconciler) sayUnknownReEncrypted(ctx context.Context, 
 		ctrl.LoggerFrom(ctx).Info("--reencrypt-resources names resources that are not built-in resources the API servers serve; restow re-encrypts none of them",
 			"resources", unknown)
 	}
+}
+
+// wakeMoved wakes each of the StorageMigrations of res whose recorded
+// storageVersionHash the usual read or some API server's own discovery
+// (servers) no longer shows, or every one that recorded a hash when not
+// every server was read.
+func (r *BuiltInMigrationReconciler) wakeMoved(ctx context.Context, res builtIn, migrations []*migrationv1alpha1.StorageMigration, servers migrator.ServerHashes) error {
+	for _, sm := range migrations {
+		recorded := recordedHash(sm)
+		if recorded == "" && sm.Status.LastPass == nil {
+			// Nothing recorded yet: its own first reconcile decides.
+			continue
+		}
+		if recorded != "" && recorded != res.hash {
+			ctrl.LoggerFrom(ctx).Info("The storage version of a built-in resource moved", "resource", res.gr.String(), "storageMigration", klog.KObj(sm),
+				"recorded", recorded, "now", res.hash)
+		}
+		if recorded == res.hash && !servers.Moved(res.gr, recorded) {
+			// Every API server still publishes the hash it recorded:
+			// nothing to look at, and no request for it.
+			continue
+		}
+		if err := r.wake(ctx, sm); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // recordedHash is the storageVersionHash sm's resource was last stored at,

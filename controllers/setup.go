@@ -141,10 +141,17 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if !opts.AutoMigrate {
 		return nil
 	}
+	return setupAutoMigration(mgr, standard, opts, wake)
+}
+
+// setupAutoMigration registers the automatic trigger of CRDs, which hands
+// the StorageMigrations it creates to the StorageMigration controller
+// through wake.
+func setupAutoMigration(mgr ctrl.Manager, standard *StandardMigrations, opts Options, wake chan<- event.GenericEvent) error {
 	auto := &AutoMigrationReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
-		Recorder:  recorder,
+		Recorder:  mgr.GetEventRecorder("restow"),
 		Selector:  opts.AutoMigrateSelector,
 		Wake:      wake,
 	}

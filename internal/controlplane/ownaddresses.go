@@ -54,7 +54,6 @@ func (e *ControlPlane) startOwnAddresses(ctx context.Context, opts Options) erro
 	}
 	cfg := rest.CopyConfig(e.environment.Config)
 	cfg.CAData = append(append([]byte{}, cfg.CAData...), ca.certPEM...)
-	etcd := hostPort(e.EtcdURL())
 	securePort := ""
 	for _, a := range first {
 		if p, ok := strings.CutPrefix(string(a), securePortFlag); ok {
@@ -64,58 +63,14 @@ func (e *ControlPlane) startOwnAddresses(ctx context.Context, opts Options) erro
 	if securePort == "" {
 		return errors.New("envtest's kube-apiserver has no --secure-port flag")
 	}
+	own := ownServer{first: first, ca: ca, cfg: cfg, etcd: hostPort(e.EtcdURL()), securePort: securePort}
 	backends := make([]string, 0, opts.APIServers)
 	for i := range opts.APIServers {
-		network, err := newHostNetwork(i)
+		backend, err := e.startOwnAPIServer(ctx, opts, own, i)
 		if err != nil {
 			return err
 		}
-		e.networks = append(e.networks, network)
-		var etcdAddr string
-		if opts.LaggingAPIServer && i == opts.APIServers-1 {
-			if e.lag, err = newLagProxyOn(network.host.String(), etcd); err != nil {
-				return err
-			}
-			etcdAddr = e.lag.addr()
-		} else {
-			forward, err := newBalancerOn(network.host.String(), []string{etcd})
-			if err != nil {
-				return err
-			}
-			e.forwards = append(e.forwards, forward)
-			etcdAddr = forward.addr()
-		}
-		certFile, keyFile, err := e.writeServingCert(ca, i, network.server)
-		if err != nil {
-			return err
-		}
-		args := withoutFlag(first[1:], "secure-port", "bind-address", "advertise-address", "etcd-servers",
-			"tls-cert-file", "tls-private-key-file", "endpoint-reconciler-type")
-		args = append(args,
-			securePortFlag+securePort,
-			"--bind-address="+network.server.String(),
-			"--advertise-address="+network.server.String(),
-			"--etcd-servers=http://"+etcdAddr,
-			"--tls-cert-file="+certFile,
-			"--tls-private-key-file="+keyFile,
-		)
-		if opts.UnpublishedAPIServer && i > 0 && i == opts.APIServers-1 {
-			args = append(args, "--endpoint-reconciler-type=none")
-		}
-		hostname := fmt.Sprintf("restow-apiserver-%d", i)
-		if opts.SharedHostName {
-			hostname = "restow-apiserver"
-		}
-		server, err := startExtraAPIServer(string(first[0]), args, hostname, network.name)
-		if err != nil {
-			return err
-		}
-		server.url = "https://" + net.JoinHostPort(network.server.String(), securePort)
-		e.extra = append(e.extra, server)
-		if err := waitReady(ctx, cfg, server.url); err != nil {
-			return fmt.Errorf("API server %d on %s: %w", i+1, server.url, err)
-		}
-		backends = append(backends, hostPort(server.url))
+		backends = append(backends, backend)
 	}
 	if e.balancer, err = newBalancer(backends); err != nil {
 		return err
@@ -124,6 +79,74 @@ func (e *ControlPlane) startOwnAddresses(ctx context.Context, opts Options) erro
 	e.Config.Host = "https://" + e.balancer.addr()
 	e.ownAddresses = true
 	return e.retireEnvtestAPIServer(ctx)
+}
+
+// ownServer is what every API server on an address of its own starts from:
+// envtest's server's flags (first, the binary first), the serving CA, a
+// client configuration that trusts it, etcd's address and the port.
+type ownServer struct {
+	first      [][]byte
+	ca         *servingCA
+	cfg        *rest.Config
+	etcd       string
+	securePort string
+}
+
+// startOwnAPIServer starts API server i in a network namespace of its own,
+// reaching etcd through a forward on its host address (the lag proxy for
+// the lagging server), and waits until it is ready; it returns the
+// server's host:port for the balancer.
+func (e *ControlPlane) startOwnAPIServer(ctx context.Context, opts Options, own ownServer, i int) (string, error) {
+	network, err := newHostNetwork(i)
+	if err != nil {
+		return "", err
+	}
+	e.networks = append(e.networks, network)
+	var etcdAddr string
+	if opts.LaggingAPIServer && i == opts.APIServers-1 {
+		if e.lag, err = newLagProxyOn(network.host.String(), own.etcd); err != nil {
+			return "", err
+		}
+		etcdAddr = e.lag.addr()
+	} else {
+		forward, err := newBalancerOn(network.host.String(), []string{own.etcd})
+		if err != nil {
+			return "", err
+		}
+		e.forwards = append(e.forwards, forward)
+		etcdAddr = forward.addr()
+	}
+	certFile, keyFile, err := e.writeServingCert(own.ca, i, network.server)
+	if err != nil {
+		return "", err
+	}
+	args := withoutFlag(own.first[1:], "secure-port", "bind-address", "advertise-address", "etcd-servers",
+		"tls-cert-file", "tls-private-key-file", "endpoint-reconciler-type")
+	args = append(args,
+		securePortFlag+own.securePort,
+		"--bind-address="+network.server.String(),
+		"--advertise-address="+network.server.String(),
+		"--etcd-servers=http://"+etcdAddr,
+		"--tls-cert-file="+certFile,
+		"--tls-private-key-file="+keyFile,
+	)
+	if opts.UnpublishedAPIServer && i > 0 && i == opts.APIServers-1 {
+		args = append(args, "--endpoint-reconciler-type=none")
+	}
+	hostname := fmt.Sprintf("restow-apiserver-%d", i)
+	if opts.SharedHostName {
+		hostname = "restow-apiserver"
+	}
+	server, err := startExtraAPIServer(string(own.first[0]), args, hostname, network.name)
+	if err != nil {
+		return "", err
+	}
+	server.url = "https://" + net.JoinHostPort(network.server.String(), own.securePort)
+	e.extra = append(e.extra, server)
+	if err := waitReady(ctx, own.cfg, server.url); err != nil {
+		return "", fmt.Errorf("API server %d on %s: %w", i+1, server.url, err)
+	}
+	return hostPort(server.url), nil
 }
 
 // RestartOwnAPIServer stops API server i of those on addresses of their

@@ -129,7 +129,29 @@ func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 		end := time.AfterFunc(tc.EndsAfter, func() { ha.SetWatchLag(0) })
 		t.Cleanup(func() { end.Stop() })
 	}
+	m, target := resolveBehindLag(ctx, t, ha, tc, fx)
+	run := migrateBehindLag(ctx, t, m, target, tc)
+	if tc.Stalled {
+		assertStalledAtLimit(t, run, fx, observer, n)
+		return
+	}
+	if run.err != nil {
+		t.Fatal(run.err)
+	}
+	observer.AssertNoEarlyPrune(t, true)
+	if !slices.Equal(run.result.Pruned, []string{"v1beta1"}) || run.result.Failed != 0 {
+		t.Errorf("result = %+v, want v1beta1 pruned and no failure", run.result)
+	}
+	assertFirstPage(t, tc, run.firstPage.Sub(switched), run.firstPage.Sub(run.start))
+	fx.AssertAllStoredAt(t, "v1", n)
+	fx.AssertStoredVersions(t, "v1")
+}
 
+// resolveBehindLag resolves fx's resource once the readiness gate passes,
+// through the balancer or, for a case in which restow reads each server,
+// through the first server, and checks what Resolve counted.
+func resolveBehindLag(ctx context.Context, t *testing.T, ha *testenv.Env, tc LagCase, fx testenv.Fixture) (*migrator.Migrator, migrator.Target) {
+	t.Helper()
 	// restow's connection, behind the balancer, lands on one server and
 	// stays there (HTTP/2) until a GOAWAY moves it. On the lagging server,
 	// the readiness gate's discovery read holds Resolve until the lag ends,
@@ -165,22 +187,35 @@ func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 		t.Fatalf("Resolve counted %d API servers (%s) at %v and waits at most %s; want %d, %d addresses and the lag bound %s",
 			target.APIServers, target.APIServerSignals, target.APIServerAddresses, target.LagWait, tc.Servers, tc.Addresses, tc.LagBound)
 	}
+	return m, target
+}
 
-	start := time.Now()
+// lagRun is what one migration behind a lagging server did.
+type lagRun struct {
+	result           migrator.Result
+	err              error
+	start, firstPage time.Time
+}
+
+// migrateBehindLag migrates target, runs tc.MidPass once the first objects
+// are done, and checks that what the pass said while it waited for the
+// servers holds each of tc.Says.
+func migrateBehindLag(ctx context.Context, t *testing.T, m *migrator.Migrator, target migrator.Target, tc LagCase) lagRun {
+	t.Helper()
+	run := lagRun{start: time.Now()}
 	var (
-		mu        sync.Mutex
-		firstPage time.Time
-		said      []string
-		midPass   = make(chan error, 1)
+		mu      sync.Mutex
+		said    []string
+		midPass = make(chan error, 1)
 	)
-	result, err := m.Migrate(ctx, target, migrator.Options{Prune: true, SettleWindow: 5 * time.Second}, func(p migrator.Progress) {
+	run.result, run.err = m.Migrate(ctx, target, migrator.Options{Prune: true, SettleWindow: 5 * time.Second}, func(p migrator.Progress) {
 		mu.Lock()
 		defer mu.Unlock()
 		if p.Switching != "" && !slices.Contains(said, p.Switching) {
 			said = append(said, p.Switching)
 		}
-		if firstPage.IsZero() && p.Done() > 0 {
-			firstPage = time.Now()
+		if run.firstPage.IsZero() && p.Done() > 0 {
+			run.firstPage = time.Now()
 			if tc.MidPass != nil {
 				go func() { midPass <- tc.MidPass(ctx) }()
 			}
@@ -196,33 +231,36 @@ func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 			t.Errorf("no message while the pass waited says %q; it said %q", want, said)
 		}
 	}
-	if tc.Stalled {
-		var stalled *migrator.StalledError
-		if !errors.As(err, &stalled) || !strings.Contains(stalled.Message, "--apiserver-lag-limit") {
-			t.Fatalf("Migrate = %v, want it Stalled at the lag limit", err)
-		}
-		t.Logf("Stalled after %s: %s", time.Since(start).Round(time.Millisecond), stalled.Message)
-		if result.Done() != 0 {
-			t.Errorf("%d objects were done before every API server switched", result.Done())
-		}
-		observer.AssertNoEarlyPrune(t, false)
-		fx.AssertStored(t, map[string]int{"v1beta1": n})
-		fx.AssertStoredVersions(t, "v1beta1", "v1")
-		return
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tc.MidPass != nil {
+	if run.err == nil && tc.MidPass != nil {
 		if err := <-midPass; err != nil {
 			t.Fatal(err)
 		}
 	}
-	observer.AssertNoEarlyPrune(t, true)
-	if !slices.Equal(result.Pruned, []string{"v1beta1"}) || result.Failed != 0 {
-		t.Errorf("result = %+v, want v1beta1 pruned and no failure", result)
+	return run
+}
+
+// assertStalledAtLimit checks a migration the lag outlasted: Stalled at
+// the lag limit, nothing done, pruned or moved in etcd.
+func assertStalledAtLimit(t *testing.T, run lagRun, fx testenv.Fixture, observer *testenv.PruneObserver, n int) {
+	t.Helper()
+	var stalled *migrator.StalledError
+	if !errors.As(run.err, &stalled) || !strings.Contains(stalled.Message, "--apiserver-lag-limit") {
+		t.Fatalf("Migrate = %v, want it Stalled at the lag limit", run.err)
 	}
-	afterSwitch, afterStart := firstPage.Sub(switched), firstPage.Sub(start)
+	t.Logf("Stalled after %s: %s", time.Since(run.start).Round(time.Millisecond), stalled.Message)
+	if run.result.Done() != 0 {
+		t.Errorf("%d objects were done before every API server switched", run.result.Done())
+	}
+	observer.AssertNoEarlyPrune(t, false)
+	fx.AssertStored(t, map[string]int{"v1beta1": n})
+	fx.AssertStoredVersions(t, "v1beta1", "v1")
+}
+
+// assertFirstPage checks when the first page was done: after the lagging
+// server switched and before the lag bound when restow reads each server
+// and the lag is shorter, after the bound when it cannot.
+func assertFirstPage(t *testing.T, tc LagCase, afterSwitch, afterStart time.Duration) {
+	t.Helper()
 	t.Logf("First page done %s after the switch, %s after the migration began", afterSwitch.Round(time.Millisecond), afterStart.Round(time.Millisecond))
 	switch {
 	case tc.Knows && afterSwitch < tc.Lag:
@@ -232,6 +270,4 @@ func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 	case !tc.Knows && afterStart < tc.LagBound-time.Second:
 		t.Errorf("the first page was done %s after the migration began, before the lag bound of %s", afterStart, tc.LagBound)
 	}
-	fx.AssertAllStoredAt(t, "v1", n)
-	fx.AssertStoredVersions(t, "v1")
 }
