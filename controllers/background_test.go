@@ -14,9 +14,9 @@ import (
 // TestBackgroundWaitsForAPass: background work yields to a pass. The
 // automatic StorageMigration of a built-in resource, created while a pass
 // over a CRD rewrites, records no baseline (it reads no API server's
-// discovery) until that pass has ended; then it does, and the pass was not
-// held up. Without the gate the baseline is recorded within a reconcile of
-// its creation, mid-pass.
+// discovery) while the pass rewrites; once the migration has ended, it
+// does. Without the gate the baseline is recorded within a reconcile of its
+// creation, mid-pass.
 func TestBackgroundWaitsForAPass(t *testing.T) {
 	f := fixture{group: "yield.controllers.restow.dev", kind: "Widget", plural: "widgets", namespaced: true}
 	f.install(t, "v1beta1", "v1")
@@ -64,10 +64,13 @@ func TestBackgroundWaitsForAPass(t *testing.T) {
 		t.Errorf("the built-in StorageMigration recorded its baseline at %s, while the pass over %s rewrote (it ended at %s)",
 			mid.Status.Baseline.RecordedAt, f.crdName(), under.Status.LastPass.CompletionTime)
 	}
-	// Once no pass rewrites (the gate opens when the pass ends, or for its
-	// settle window), the baseline comes.
-	waitFor(t, builtIn.Name, time.Minute, "a baseline once the pass ended", func(sm *migrationv1alpha1.StorageMigration) bool {
+	// Once the migration has ended (the gate opens at its prune), the
+	// baseline comes.
+	ended := waitFor(t, builtIn.Name, time.Minute, "a baseline once the pass ended", func(sm *migrationv1alpha1.StorageMigration) bool {
 		return sm.Status.Baseline != nil
 	})
+	if at, done := ended.Status.Baseline.RecordedAt, under.Status.LastPass.CompletionTime; at.Before(&done) {
+		t.Errorf("baseline recorded at %s, before the migration over %s ended at %s (its settle window and re-check are waited for too)", at, f.crdName(), done)
+	}
 	f.assertStored(t, "v1", 1500)
 }

@@ -5,8 +5,9 @@ import (
 	"sync"
 )
 
-// gate counts the passes that list and rewrite now (those holding a pass
-// slot) and lets background work (a built-in resource's baseline, the
+// gate counts the migrations under way (Migrate, from its first read to
+// its prune, the settle window included) and the passes that list and
+// rewrite now (those holding a pass slot), and lets background work (a built-in resource's baseline, the
 // periodic reads of discovery and of the API servers' encryption state)
 // wait until none does: the pass a user waits for has the API server to
 // itself.
@@ -52,8 +53,8 @@ func (g *gate) wait(ctx context.Context) error {
 	}
 }
 
-// Rewriting reports whether any pass of this Migrator lists and rewrites
-// now. Background work asks before it reads the API servers, and waits
+// Rewriting reports whether any migration of this Migrator is under way,
+// or any pass lists and rewrites. Background work asks before it reads the API servers, and waits
 // (WaitIdle) or looks again later while one does.
 func (m *Migrator) Rewriting() bool {
 	m.rewriting.mu.Lock()
@@ -61,6 +62,6 @@ func (m *Migrator) Rewriting() bool {
 	return m.rewriting.busy > 0
 }
 
-// WaitIdle returns once no pass of this Migrator lists and rewrites, or
-// with ctx's error.
+// WaitIdle returns once no migration of this Migrator is under way and no
+// pass lists and rewrites, or with ctx's error.
 func (m *Migrator) WaitIdle(ctx context.Context) error { return m.rewriting.wait(ctx) }

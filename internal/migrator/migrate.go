@@ -33,6 +33,10 @@ import (
 func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, observe Observer) (Result, error) {
 	// A migration covers every object: only FirstPass starts after a token.
 	opts.Continue = ""
+	// Background work waits from the first read to the prune: the settle
+	// window and the re-check are part of what the user waits for (gate.go).
+	m.rewriting.enter()
+	defer m.rewriting.leave()
 	mg := newMigration(m, target, opts, observe)
 	if err := mg.checkViaStatus(); err != nil {
 		return mg.result(), err
