@@ -21,16 +21,18 @@ import (
 // fastest bare loops of either request kind (64 and 128 workers, the fastest
 // in every run of the sweep so far).
 func defaultsStrategies() []strategy {
-	out := []strategy{
+	loops := []int{64, 128}
+	out := make([]strategy, 0, 3+2*len(loops))
+	out = append(out,
 		// The test harness turns the trigger of built-in resources off by
 		// default (internal/operator); the manager's own default is on.
-		{name: "manager-defaults", operator: []string{"--auto-migrate-builtins=true"}, fromStart: true, interleave: true},
-		{name: "manager-builtins-off", operator: []string{"--auto-migrate-builtins=false"}, fromStart: true, interleave: true},
+		strategy{name: "manager-defaults", operator: []string{"--auto-migrate-builtins=true"}, fromStart: true, interleave: true},
+		strategy{name: "manager-builtins-off", operator: []string{"--auto-migrate-builtins=false"}, fromStart: true, interleave: true},
 		// The paced pass alone, in this process, timed from its first
 		// request to its last object (BenchmarkCompare's restow row).
-		{name: "restow", migrate: &migrator.Options{Prune: true, SettleWindow: time.Second}, interleave: true},
-	}
-	for _, c := range []int{64, 128} {
+		strategy{name: "restow", migrate: &migrator.Options{Prune: true, SettleWindow: time.Second}, interleave: true},
+	)
+	for _, c := range loops {
 		out = append(out,
 			strategy{name: fmt.Sprintf("bare-patch-c%d", c), series: "bare patch loop", concurrency: c, pass: barePatchLoop(c), interleave: true},
 			strategy{name: fmt.Sprintf("bare-update-c%d", c), series: "bare update loop", concurrency: c, pass: bareUpdateLoop(c), interleave: true})
