@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -22,6 +23,13 @@ import (
 // read of the manager's cache, no request.
 const backgroundRetry = 5 * time.Second
 
+// backgroundDeferMax bounds how long background work waits for passes:
+// past it, it goes ahead beside them. A baseline recorded later than at
+// first sight could take in an upgrade that finished meanwhile, and a
+// moved storage version or a rotation must not wait for a backlog of
+// passes to drain.
+const backgroundDeferMax = time.Minute
+
 // firstSweepWait is how long, after the manager starts, a StorageMigration
 // at rest waits for the trigger's first sweep before it resolves its
 // resource anyway.
@@ -32,10 +40,11 @@ const firstSweepWait = time.Minute
 // StorageMigration from the cache, so leaving it costs no request. Only the
 // automatic StorageMigration of a built-in resource, with no run of its
 // own, that nobody asked anything of (no new spec, no re-run) and that
-// resumes no interrupted pass, is left: while any pass rewrites (its
-// baseline, its encryption check, a re-store after an upgrade all wait),
-// and, at rest, while the trigger's last sweep shows every API server still
-// publishing the storageVersionHash it recorded.
+// resumes no interrupted pass, is left: while any migration is under way,
+// for at most backgroundDeferMax in a row (its baseline, its encryption
+// check, a re-store after an upgrade all wait), and, at rest, while the
+// trigger's last sweep shows every API server still publishing the
+// storageVersionHash it recorded and nothing else asks for it.
 func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Request) (time.Duration, bool) {
 	if r.runs.get(req.Name) != nil {
 		return 0, false
@@ -48,12 +57,17 @@ func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Re
 	// StorageMigration, never observed, is the trigger's.
 	specChanged := sm.Status.ObservedGeneration != 0 && sm.Generation != sm.Status.ObservedGeneration
 	if !isBuiltInAutomatic(sm) || !sm.DeletionTimestamp.IsZero() || sm.Status.Progress != nil || specChanged || reRunRequested(sm) {
+		r.deferrals.Delete(req.Name)
 		return 0, false
 	}
 	if r.Migrator.Rewriting() {
-		return backgroundRetry, true
+		since, _ := r.deferrals.LoadOrStore(req.Name, time.Now())
+		if time.Since(since.(time.Time)) < backgroundDeferMax {
+			return backgroundRetry, true
+		}
 	}
-	if r.seen == nil || !r.atRest(sm) {
+	r.deferrals.Delete(req.Name)
+	if r.seen == nil || !r.atRest(sm) || r.standardChanged(ctx, sm) {
 		return 0, false
 	}
 	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
@@ -64,6 +78,17 @@ func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Re
 		return backgroundRetry, true
 	}
 	return 0, false
+}
+
+// standardChanged says whether the standard StorageVersionMigrations of
+// sm's resource (from the cache) differ from what its status shows: that
+// status is this reconcile's to refresh, at rest or not.
+func (r *StorageMigrationReconciler) standardChanged(ctx context.Context, sm *migrationv1alpha1.StorageMigration) bool {
+	if r.Standard == nil {
+		return false
+	}
+	now := r.standardFor(ctx, sm)
+	return !now.set || !equality.Semantic.DeepEqual(now.value, sm.Status.StorageVersionMigrations)
 }
 
 // atRest says whether sm, an automatic StorageMigration of a built-in

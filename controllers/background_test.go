@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
+	"github.com/restow/restow/controllers"
 )
 
 // TestBackgroundWaitsForAPass: background work yields to a pass. The
@@ -22,7 +23,9 @@ func TestBackgroundWaitsForAPass(t *testing.T) {
 	f.install(t, "v1beta1", "v1")
 	f.createObjects(t, 1500, tenNamespaces...)
 	f.switchStorage(t, "v1")
-	startManager(t, nil)
+	// A settle window that outlasts the pass (it counts from the switch),
+	// several times the deferral's 5 s retry: the gate holds through it.
+	startManagerWith(t, nil, controllers.Options{SettleWindow: 25 * time.Second})
 	under := f.slowPassUnderWay(t, nil)
 
 	builtIn := &migrationv1alpha1.StorageMigration{
@@ -55,6 +58,16 @@ func TestBackgroundWaitsForAPass(t *testing.T) {
 	mid := &migrationv1alpha1.StorageMigration{}
 	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: builtIn.Name}, mid); err != nil {
 		t.Fatal(err)
+	}
+	settling := waitFor(t, under.Name, time.Minute, "the settle window", func(sm *migrationv1alpha1.StorageMigration) bool {
+		return sm.Status.Progress != nil && sm.Status.Progress.Phase == migrationv1alpha1.PassSettling || sm.Status.LastPass != nil
+	})
+	inWindow := &migrationv1alpha1.StorageMigration{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: builtIn.Name}, inWindow); err != nil {
+		t.Fatal(err)
+	}
+	if settling.Status.Progress != nil && inWindow.Status.Baseline != nil {
+		t.Errorf("the built-in StorageMigration recorded its baseline at %s, in the settle window of the migration over %s", inWindow.Status.Baseline.RecordedAt, f.crdName())
 	}
 	under = waitFor(t, under.Name, time.Minute, "Ready", readyAt("v1"))
 	if seen < 2 {

@@ -170,8 +170,12 @@ var serverChanged = predicate.Funcs{
 // and server), and wakes every StorageMigration that recorded a hash when
 // it cannot read every server. One that nothing moved costs no request.
 func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	// Background work: it waits while a pass rewrites.
-	if err := r.Idle(ctx); err != nil {
+	// Background work: it waits while a migration is under way, for at
+	// most backgroundDeferMax.
+	idle, cancel := context.WithTimeout(ctx, backgroundDeferMax)
+	_ = r.Idle(idle)
+	cancel()
+	if err := ctx.Err(); err != nil {
 		return ctrl.Result{}, err
 	}
 	found, groupVersions, complete, err := r.discover(ctx)
@@ -180,7 +184,9 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	}
 	servers, err := r.Sweep(ctx, groupVersions)
 	if err != nil {
-		return ctrl.Result{}, err
+		// Not every server was read: nothing shows that none moved, so
+		// every StorageMigration that recorded a hash is woken.
+		servers = migrator.ServerHashes{Unseen: migrator.Message(err)}
 	}
 	if r.seen != nil {
 		r.seen.publish(found, servers)

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -66,6 +67,9 @@ type StorageMigrationReconciler struct {
 	seen *sweptHashes
 	// started is when the reconciler was set up.
 	started time.Time
+	// deferrals holds, per StorageMigration put off while a migration is
+	// under way, since when (background.go).
+	deferrals sync.Map
 }
 
 // +kubebuilder:rbac:groups=migration.restow.dev,resources=storagemigrations,verbs=get;list;watch

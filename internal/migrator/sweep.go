@@ -18,6 +18,8 @@ import (
 type ServerHashes struct {
 	// Hashes holds, per resource, one hash per server read.
 	Hashes map[schema.GroupResource][]string
+	// Servers is how many API servers were read.
+	Servers int
 	// Single: the census counts one API server, whose answers the caller's
 	// own discovery read already holds.
 	Single bool
@@ -27,9 +29,13 @@ type ServerHashes struct {
 
 // Moved says whether any server read publishes another hash for gr than
 // recorded, or does not list gr; always true when not every server was
-// read, since then nothing shows that none moved.
+// read (or none was, as in the zero value), since then nothing shows that
+// none moved.
 func (s ServerHashes) Moved(gr schema.GroupResource, recorded string) bool {
-	if s.Unseen != "" {
+	switch {
+	case s.Single:
+		return false
+	case s.Unseen != "", s.Servers == 0, len(s.Hashes[gr]) < s.Servers:
 		return true
 	}
 	for _, h := range s.Hashes[gr] {
@@ -60,7 +66,7 @@ func (m *Migrator) SweepServerHashes(ctx context.Context, groupVersions []schema
 	case !m.verifiesServers():
 		return ServerHashes{Unseen: m.canVerifyServers().Error()}, nil
 	}
-	out := ServerHashes{Hashes: map[schema.GroupResource][]string{}}
+	out := ServerHashes{Hashes: map[schema.GroupResource][]string{}, Servers: len(c.addresses)}
 	read := make([]map[schema.GroupResource]string, len(c.addresses))
 	errs := make([]error, len(c.addresses))
 	var wg sync.WaitGroup

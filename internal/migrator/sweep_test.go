@@ -19,10 +19,12 @@ func TestServerHashesMoved(t *testing.T) {
 		sweep migrator.ServerHashes
 		want  bool
 	}{
-		{"every server at the recorded hash", migrator.ServerHashes{Hashes: map[schema.GroupResource][]string{secrets: {"a", "a", "a"}}}, false},
-		{"one server upgraded", migrator.ServerHashes{Hashes: map[schema.GroupResource][]string{secrets: {"a", "b", "a"}}}, true},
-		{"one server does not list it", migrator.ServerHashes{Hashes: map[schema.GroupResource][]string{secrets: {"a", "", "a"}}}, true},
-		{"not every server read", migrator.ServerHashes{Unseen: "127.0.0.2:6443 cannot be read", Hashes: map[schema.GroupResource][]string{secrets: {"a"}}}, true},
+		{"every server at the recorded hash", migrator.ServerHashes{Servers: 3, Hashes: map[schema.GroupResource][]string{secrets: {"a", "a", "a"}}}, false},
+		{"one server upgraded", migrator.ServerHashes{Servers: 3, Hashes: map[schema.GroupResource][]string{secrets: {"a", "b", "a"}}}, true},
+		{"one server does not list it", migrator.ServerHashes{Servers: 3, Hashes: map[schema.GroupResource][]string{secrets: {"a", "", "a"}}}, true},
+		{"no server lists it", migrator.ServerHashes{Servers: 3, Hashes: map[schema.GroupResource][]string{}}, true},
+		{"not every server read", migrator.ServerHashes{Servers: 3, Unseen: "127.0.0.2:6443 cannot be read", Hashes: map[schema.GroupResource][]string{secrets: {"a"}}}, true},
+		{"nothing read (the zero value)", migrator.ServerHashes{}, true},
 		{"one API server: the usual read is its", migrator.ServerHashes{Single: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -87,6 +87,10 @@ func BenchmarkReactionBehindLag(b *testing.B) {
 		b.Fatal(err)
 	}
 	pruned := time.Since(switched)
+	if testing.Verbose() {
+		// Where the time went, with -v.
+		b.Logf("the manager's log:\n%s", manager.Logs())
+	}
 	f.assertStored(b)
 	b.ReportMetric(lag.Seconds(), "lag-s")
 	b.ReportMetric(created.Sub(switched).Seconds(), "switch-to-created-s")
