@@ -6,8 +6,6 @@
 package ha
 
 import (
-	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -43,10 +41,7 @@ func TestLaggingAPIServer(t *testing.T) {
 		LaggingAPIServer:  true,
 		APIServerArgs:     map[string]string{"goaway-chance": "0.02"},
 	})
-	testenv.WaitProgress(t, "three API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
-		hostnames, addresses, err := ha.APIServerSignals(ctx)
-		return len(hostnames) == 3 && len(addresses) == 3, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
-	})
+	ha.WaitForSignals(t, 3, 3)
 	// The lagging server is the last one.
 	lagging := strings.TrimPrefix(ha.ServerConfig(2).Host, "https://")
 	for _, tc := range []struct {

@@ -185,10 +185,7 @@ func TestRotationWaitsForEveryServer(t *testing.T) {
 	writeConfig(t, config, aescbc("key1", "key2"))
 	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServers: 2, OwnAddresses: true,
 		APIServerArgs: map[string]string{"encryption-provider-config": config}})
-	testenv.WaitProgress(t, "two API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
-		hostnames, addresses, err := cp.APIServerSignals(ctx)
-		return len(hostnames) == 2 && len(addresses) == 2, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
-	})
+	cp.WaitForSignals(t, 2, 2)
 	createSecrets(t, cp)
 	startManager(t, cp)
 	old := configHash(t, config)
@@ -200,10 +197,7 @@ func TestRotationWaitsForEveryServer(t *testing.T) {
 	}
 	// The restarted server's address is back in the EndpointSlices first:
 	// until then restow cannot read each server, and says that instead.
-	testenv.WaitProgress(t, "both API servers' addresses again", time.Minute, func(ctx context.Context) (bool, string, error) {
-		hostnames, addresses, err := cp.APIServerSignals(ctx)
-		return len(hostnames) == 2 && len(addresses) == 2, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
-	})
+	cp.WaitForSignals(t, 2, 2)
 	// While the servers disagree: no Secret written, no pass, and the
 	// StorageMigration names the server that still has the old key, at
 	// its next look: within the servers' backoff cap (30 s) and a check,

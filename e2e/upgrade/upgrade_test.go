@@ -13,7 +13,6 @@
 package upgrade
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"os"
@@ -85,10 +84,7 @@ func TestUpgradeReStoresABuiltInResource(t *testing.T) {
 func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
 	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServers: 2, OwnAddresses: true,
 		APIServerArgs: map[string]string{"emulated-version": "1.36"}})
-	testenv.WaitProgress(t, "two API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
-		hostnames, addresses, err := cp.APIServerSignals(ctx)
-		return len(hostnames) == 2 && len(addresses) == 2, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
-	})
+	cp.WaitForSignals(t, 2, 2)
 	createPolicies(t, cp)
 	startManager(t, cp)
 	waitBaseline(t, cp, "v1beta1")
@@ -141,10 +137,7 @@ func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
 func TestUpgradeBehindOneAddressWaits(t *testing.T) {
 	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServers: 2, OwnAddresses: true, UnpublishedAPIServer: true,
 		APIServerArgs: map[string]string{"emulated-version": "1.36"}})
-	testenv.WaitProgress(t, "two API servers' Leases, one address", time.Minute, func(ctx context.Context) (bool, string, error) {
-		hostnames, addresses, err := cp.APIServerSignals(ctx)
-		return len(hostnames) == 2 && len(addresses) == 1, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, addresses), err
-	})
+	cp.WaitForSignals(t, 2, 1)
 	createPolicies(t, cp)
 	startManager(t, cp)
 	waitBaseline(t, cp, "v1beta1")

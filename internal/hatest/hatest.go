@@ -66,16 +66,6 @@ type LagCase struct {
 	Stalled bool
 }
 
-// WaitForSignals waits until the control plane's identity Leases and the
-// addresses in default/kubernetes's EndpointSlices are as many as given.
-func WaitForSignals(t *testing.T, ha *testenv.Env, leases, addresses int) {
-	t.Helper()
-	testenv.WaitProgress(t, "the API servers' Leases and addresses", time.Minute, func(ctx context.Context) (bool, string, error) {
-		hostnames, listed, err := ha.APIServerSignals(ctx)
-		return len(hostnames) == leases && len(listed) == addresses, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, listed), err
-	})
-}
-
 // waitCaughtUp ends the lag and waits until the lagging API server (the
 // last) has seen fx's CRD as it is: the watch events it held back, such as
 // the prune, are due up to the lag after they happened, and the next case's

@@ -128,3 +128,14 @@ func HasCondition(t, reason string) func(*migrationv1alpha1.StorageMigration) bo
 		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason
 	}
 }
+
+// WaitForSignals waits until the control plane shows leases identity Leases
+// of API servers and addresses addresses in default/kubernetes's
+// EndpointSlices, failing once neither has moved for a minute.
+func (e *Env) WaitForSignals(tb testing.TB, leases, addresses int) {
+	tb.Helper()
+	WaitProgress(tb, fmt.Sprintf("%d API servers' identity Leases and %d addresses", leases, addresses), time.Minute, func(ctx context.Context) (bool, string, error) {
+		hostnames, listed, err := e.APIServerSignals(ctx)
+		return len(hostnames) == leases && len(listed) == addresses, fmt.Sprintf("identity Leases of %v, addresses %v", hostnames, listed), err
+	})
+}

@@ -57,7 +57,7 @@ func TestMigrateBehindLaggingAPIServer(t *testing.T) {
 func TestMigrateBehindServersSharingAHostName(t *testing.T) {
 	ha := testenv.Start(t, testenv.Options{APIServers: 2, OwnAddresses: true, SharedHostName: true, LaggingAPIServer: true,
 		APIServerArgs: map[string]string{"goaway-chance": "0.02"}})
-	hatest.WaitForSignals(t, ha, 1, 2)
+	ha.WaitForSignals(t, 1, 2)
 	hatest.MigrateBehindLag(t, ha, hatest.LagCase{
 		Group: "hostname.migrator.restow.dev", Lag: 4 * time.Second, LagBound: 30 * time.Second,
 		Servers: 2, Addresses: 2, Knows: true,
@@ -75,7 +75,7 @@ func TestMigrateBehindServersSharingAHostName(t *testing.T) {
 func TestMigrateBehindAServerWithoutAnAddress(t *testing.T) {
 	ha := testenv.Start(t, testenv.Options{APIServers: 2, OwnAddresses: true, UnpublishedAPIServer: true, LaggingAPIServer: true,
 		APIServerArgs: map[string]string{"goaway-chance": "0.02"}})
-	hatest.WaitForSignals(t, ha, 2, 1)
+	ha.WaitForSignals(t, 2, 1)
 	hatest.MigrateBehindLag(t, ha, hatest.LagCase{
 		Group: "unlisted.hatest.restow.dev", Lag: 12 * time.Second, LagBound: 15 * time.Second,
 		Servers: 2, Addresses: 1, Says: []string{"2 API servers counted, 1 of them at an address in default/kubernetes's EndpointSlices"},

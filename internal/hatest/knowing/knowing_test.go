@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { hatest.Main(m) }
 func TestMigrateKnowingEachAPIServer(t *testing.T) {
 	ha := testenv.Start(t, testenv.Options{APIServers: 2, OwnAddresses: true, LaggingAPIServer: true,
 		APIServerArgs: map[string]string{"goaway-chance": "0.02"}})
-	hatest.WaitForSignals(t, ha, 2, 2)
+	ha.WaitForSignals(t, 2, 2)
 	// The lagging server is the last one.
 	lagging := strings.TrimPrefix(ha.ServerConfig(1).Host, "https://")
 	// 8 s: on a busy machine, the first server's own discovery shows the

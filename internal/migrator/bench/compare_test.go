@@ -262,9 +262,11 @@ func eachMetadataPage(ctx context.Context, c *clients, gvr schema.GroupVersionRe
 	}
 }
 
-// sequentialPatch is how cluster-api's CRD migrator and the in-tree storage
-// version migration controller work: a metadata list, then one
-// resourceVersion-guarded merge patch after another.
+// sequentialPatch is the request model of cluster-api's CRD migrator and
+// the in-tree storage version migration controller: a metadata list, then
+// one resourceVersion-guarded no-op write after another (they send a
+// server-side apply carrying the UID and resourceVersion; this sends a
+// merge patch carrying the resourceVersion).
 func sequentialPatch(ctx context.Context, c *clients, gvr schema.GroupVersionResource) error {
 	return eachMetadataPage(ctx, c, gvr, func(items []metav1.PartialObjectMetadata) error {
 		for _, obj := range items {

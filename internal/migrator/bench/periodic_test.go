@@ -1,17 +1,14 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -71,12 +68,7 @@ func BenchmarkPeriodicReads(b *testing.B) {
 		OwnAddresses:      true,
 	})
 	ctx := b.Context()
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		hostnames, addresses, err := ha.APIServerSignals(ctx)
-		return err == nil && len(hostnames) == 3 && len(addresses) == 3, nil
-	}); err != nil {
-		b.Fatalf("three API servers' Leases and addresses: %v", err)
-	}
+	ha.WaitForSignals(b, 3, 3)
 	counter := &byteCounter{}
 	cfg := rest.CopyConfig(ha.Config)
 	cfg.Wrap(counter.wrap)

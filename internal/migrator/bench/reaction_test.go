@@ -50,12 +50,7 @@ func BenchmarkReactionBehindLag(b *testing.B) {
 		LaggingAPIServer:  true,
 	})
 	ctx := b.Context()
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		hostnames, addresses, err := ha.APIServerSignals(ctx)
-		return err == nil && len(hostnames) == 3 && len(addresses) == 3, nil
-	}); err != nil {
-		b.Fatalf("three API servers' Leases and addresses: %v", err)
-	}
+	ha.WaitForSignals(b, 3, 3)
 	const n = 2000
 	f := newCompareFixture(b, ha, "reaction.bench.restow.dev", n)
 	kubeconfig := filepath.Join(b.TempDir(), "kubeconfig")
