@@ -51,6 +51,7 @@ func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Re
 	}
 	sm := &migrationv1alpha1.StorageMigration{}
 	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
+		r.deferrals.Delete(req.Name)
 		return 0, false
 	}
 	// A spec changed since it was last observed is someone's ask; a new

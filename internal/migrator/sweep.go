@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -106,13 +105,9 @@ func (m *Migrator) sweepServer(ctx context.Context, address string, groupVersion
 	}
 	hashes := map[schema.GroupResource]string{}
 	for _, gv := range groupVersions {
-		path := "/apis/" + gv.String()
-		if gv.Group == "" {
-			path = "/api/" + gv.Version // the core group's
-		}
-		resources := &metav1.APIResourceList{}
-		if err := dc.RESTClient().Get().AbsPath(path).Do(ctx).Into(resources); err != nil {
-			return nil, fmt.Errorf("reading %s: %w", path, err)
+		resources, err := groupVersionDocument(ctx, dc, gv)
+		if err != nil {
+			return nil, fmt.Errorf("reading the discovery of %s: %w", gv, err)
 		}
 		for _, r := range resources.APIResources {
 			gr := schema.GroupResource{Group: gv.Group, Resource: r.Name}

@@ -13,6 +13,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/endpoints/discovery"
 	clientdiscovery "k8s.io/client-go/discovery"
@@ -274,12 +275,7 @@ func (m *Migrator) readServer(ctx context.Context, address string, target Target
 		return s
 	}
 	gv := target.Resource.GroupVersion()
-	resources := &metav1.APIResourceList{}
-	path := "/apis/" + gv.String()
-	if gv.Group == "" {
-		path = "/api/" + gv.Version // the core group's
-	}
-	err = dc.RESTClient().Get().AbsPath(path).Do(ctx).Into(resources)
+	resources, err := groupVersionDocument(ctx, dc, gv)
 	switch {
 	case apierrors.IsNotFound(err):
 		// A server that answers, verified, and does not serve the group
@@ -306,6 +302,17 @@ func (m *Migrator) readServer(ctx context.Context, address string, target Target
 		}
 	}
 	return s
+}
+
+// groupVersionDocument reads the discovery document of gv from the API
+// server of dc: its resources, each with its storageVersionHash.
+func groupVersionDocument(ctx context.Context, dc *clientdiscovery.DiscoveryClient, gv schema.GroupVersion) (*metav1.APIResourceList, error) {
+	path := "/apis/" + gv.String()
+	if gv.Group == "" {
+		path = "/api/" + gv.Version // the core group's
+	}
+	resources := &metav1.APIResourceList{}
+	return resources, dc.RESTClient().Get().AbsPath(path).Do(ctx).Into(resources)
 }
 
 // serverDiscovery is a discovery client of the API server at address,
