@@ -2,16 +2,12 @@ package migrator
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/migrator/pace"
+	"github.com/restow/restow/internal/storedversions"
 )
 
 // The finish of a migration: why a prune must wait, and what it re-checks.
@@ -51,27 +47,6 @@ func (mg *migration) startRecheck() {
 	mg.setPhase(PhaseRechecking)
 }
 
-// liveCRD reads the CRD live at the end of the first pass. A CRD deleted
-// meanwhile took its objects with it: that is no success. A CRD that
-// changed its identity or storage version, or whose history since the
-// migration began restow cannot show (history.go), needs a new migration.
-func (mg *migration) liveCRD(ctx context.Context) (*apiextensionsv1.CustomResourceDefinition, error) {
-	want := mg.target.CRD
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	err := mg.m.Reader.Get(ctx, client.ObjectKey{Name: want.Name}, crd)
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, &StalledError{Message: fmt.Sprintf("CRD %s was deleted during the pass, with its objects; nothing is left to migrate", want.Name)}
-	case err != nil:
-		return nil, &TransientError{Err: fmt.Errorf("reading CRD %s after the pass: %w", want.Name, err)}
-	case !crd.DeletionTimestamp.IsZero():
-		return nil, &StalledError{Message: fmt.Sprintf("CRD %s is being deleted, with its objects; nothing is left to migrate", want.Name)}
-	case !mg.history.kept(ctx, crd):
-		return nil, mg.history.refused(crd)
-	}
-	return crd, nil
-}
-
 func (mg *migration) setPhase(phase Phase) {
 	mg.mu.Lock()
 	mg.cp.Phase = phase
@@ -79,12 +54,36 @@ func (mg *migration) setPhase(phase Phase) {
 	mg.report()
 }
 
-// settle waits until the settle window is over and notes its end.
+// settle waits until the settle window is over and reads the
+// resourceVersion of then, unless the first pass already did
+// (closeWindowAt): every write that began on the old storage has committed
+// at or below it.
 func (mg *migration) settle(ctx context.Context) error {
-	if err := pace.SleepUntil(ctx, mg.switchTimes().settleUntil); err != nil {
+	end := mg.settleEnd()
+	if err := pace.SleepUntil(ctx, end); err != nil {
 		return err
 	}
-	return mg.closeWindow(ctx)
+	mg.mu.Lock()
+	known := mg.cp.WindowEnd != ""
+	mg.mu.Unlock()
+	if known {
+		return nil
+	}
+	if err := mg.retryTransient(ctx, func() error { return mg.readWindowEnd(ctx) }); err != nil {
+		return mg.passError("reading the resourceVersion at the end of the settle window of", err)
+	}
+	return nil
+}
+
+// readWindowEnd reads the resourceVersion of now with one list of one
+// object, and keeps it as the end of the settle window unless one is kept.
+func (mg *migration) readWindowEnd(ctx context.Context) error {
+	list, _, err := mg.listPage(ctx, "", 1, false)
+	if err != nil {
+		return err
+	}
+	mg.noteWindowEnd(list.ResourceVersion)
+	return nil
 }
 
 // closeWindowAt notes the end of the settle window as soon as it is over,
@@ -92,18 +91,15 @@ func (mg *migration) settle(ctx context.Context) error {
 // need no record, so that record stays bounded by the window, not by the
 // size of the resource.
 func (mg *migration) closeWindowAt(ctx context.Context) {
-	if pace.SleepUntil(ctx, mg.switchTimes().settleUntil) != nil {
+	end := mg.settleEnd()
+	if pace.SleepUntil(ctx, end) != nil {
 		return
 	}
 	// Until it is read, the record of the pass's own writes grows: try
 	// again until it is (settle reads it too, and stops on failure).
 	_ = wait.PollUntilContextCancel(ctx, closeWindowRetry, true, func(ctx context.Context) (bool, error) {
 		// One list each time, not retried: a pass that retries shows it.
-		list, _, err := mg.listPage(ctx, "", 1, false)
-		if err == nil {
-			mg.noteWindowEnd(list.ResourceVersion)
-		}
-		return err == nil, nil
+		return mg.readWindowEnd(ctx) == nil, nil
 	})
 }
 
@@ -111,24 +107,36 @@ func (mg *migration) closeWindowAt(ctx context.Context) {
 // window while the first pass runs.
 const closeWindowRetry = 5 * time.Second
 
-// closeWindow reads the resourceVersion of now, after the settle window:
-// every write that began on the old storage has committed at or below it.
-func (mg *migration) closeWindow(ctx context.Context) error {
+// settleEnd is when the settle window ends: set as the migration begins,
+// and again when it knows every API server switched (switch.go).
+func (mg *migration) settleEnd() time.Time {
 	mg.mu.Lock()
-	known := mg.cp.WindowEnd != ""
-	mg.mu.Unlock()
-	if known {
-		return nil
+	defer mg.mu.Unlock()
+	return mg.settleUntil
+}
+
+// recheck runs the re-check once the settle window is over. When it
+// rewrote every object the migration settled, and with opts.Prune the
+// CRD's status.storedVersions loses what it proved, on a live read of a
+// CRD whose history kept the storage version (storedversions.Prune).
+func (mg *migration) recheck(ctx context.Context) (Result, error) {
+	mg.startRecheck()
+	if err := mg.pass(ctx, true); err != nil {
+		return mg.result(), err
 	}
-	var list *metav1.PartialObjectMetadataList
-	err := mg.retryTransient(ctx, func() error {
-		var err error
-		list, _, err = mg.listPage(ctx, "", 1, false)
-		return err
+	result := mg.result()
+	if result.Failed > 0 {
+		return result, nil
+	}
+	result.Settled = true
+	if !mg.opts.Prune {
+		return result, nil
+	}
+	crd := mg.target.CRD
+	var err error
+	result.Pruned, err = storedversions.Prune(ctx, mg.m.Client, mg.m.Reader, storedversions.Expected{
+		Name: crd.Name, UID: crd.UID, StorageVersion: crd.StorageVersion, Generation: crd.Generation,
+		Kept: mg.history.kept,
 	})
-	if err != nil {
-		return mg.passError("reading the resourceVersion at the end of the settle window of", err)
-	}
-	mg.noteWindowEnd(list.ResourceVersion)
-	return nil
+	return result, err
 }

@@ -8,6 +8,7 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/storedversions"
 )
@@ -95,29 +97,27 @@ func (m *Migrator) crdWatcher(name string) (cache.WatcherWithContext, error) {
 }
 
 // watchHistory follows the CRD from the resourceVersion Resolve read it at,
-// until ctx ends. A state that breaks the proof calls abort with an error
-// wrapping ErrCRDChanged. The returned history is known to be watched
+// until ctx ends, as mg.history. A state that breaks the proof calls abort
+// with an error wrapping ErrCRDChanged. The history is known to be watched
 // once this returns.
-func (mg *migration) watchHistory(ctx context.Context, abort context.CancelCauseFunc) *crdHistory {
+func (mg *migration) watchHistory(ctx context.Context, abort context.CancelCauseFunc) {
 	want := mg.target.CRD
-	h := &crdHistory{want: want, seen: want.ResourceVersion, generation: want.Generation}
+	mg.history = &crdHistory{want: want, seen: want.ResourceVersion, generation: want.Generation}
 	if want.ResourceVersion == "" {
-		return h
+		return
 	}
-	log := klog.FromContext(ctx)
 	watcher, err := mg.m.crdWatcher(want.Name)
 	if err == nil && watcher != nil {
 		var rw *watchtools.RetryWatcher
 		if rw, err = watchtools.NewRetryWatcherWithContext(ctx, want.ResourceVersion, watcher); err == nil {
-			h.watching = true
-			go h.follow(ctx, rw, abort)
-			return h
+			mg.history.watching = true
+			go mg.history.follow(ctx, rw, abort)
+			return
 		}
 	}
 	if err != nil {
-		log.Info("Could not watch the CRD during the migration; a change of its generation starts a new migration", "crd", want.Name, "error", Message(err))
+		klog.FromContext(ctx).Info("Could not watch the CRD during the migration; a change of its generation starts a new migration", "crd", want.Name, "error", Message(err))
 	}
-	return h
 }
 
 // follow reads the watch until ctx ends or the history ends.
@@ -236,4 +236,25 @@ func (h *crdHistory) refused(crd *apiextensionsv1.CustomResourceDefinition) erro
 		return fmt.Errorf("CRD %s: %w: it is being deleted, or its UID or storage version is not the one the migration began on", h.want.Name, storedversions.ErrCRDChanged)
 	}
 	return fmt.Errorf("CRD %s: %w (generation %d, begun at %d, and the watch of the CRD did not show every state in between)", h.want.Name, storedversions.ErrCRDChanged, crd.Generation, h.want.Generation)
+}
+
+// liveCRD reads the CRD live at the end of the first pass. A CRD deleted
+// meanwhile took its objects with it: that is no success. A CRD that
+// changed its identity or storage version, or whose history since the
+// migration began restow cannot show (history.go), needs a new migration.
+func (mg *migration) liveCRD(ctx context.Context) (*apiextensionsv1.CustomResourceDefinition, error) {
+	want := mg.target.CRD
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	err := mg.m.Reader.Get(ctx, client.ObjectKey{Name: want.Name}, crd)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, &StalledError{Message: fmt.Sprintf("CRD %s was deleted during the pass, with its objects; nothing is left to migrate", want.Name)}
+	case err != nil:
+		return nil, &TransientError{Err: fmt.Errorf("reading CRD %s after the pass: %w", want.Name, err)}
+	case !crd.DeletionTimestamp.IsZero():
+		return nil, &StalledError{Message: fmt.Sprintf("CRD %s is being deleted, with its objects; nothing is left to migrate", want.Name)}
+	case !mg.history.kept(ctx, crd):
+		return nil, mg.history.refused(crd)
+	}
+	return crd, nil
 }

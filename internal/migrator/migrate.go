@@ -17,10 +17,16 @@ import (
 
 // The entry of the engine: Migrate (a whole migration) and FirstPass (its
 // first pass alone), and the state of one migration. Calls go one way from
-// here: into the wait for every API server (switch.go), into the pass (pass.go, which lists through list.go and writes
-// through write.go), and into the finish (finish.go). Leaves that every step
-// uses: types.go (the public vocabulary), progress.go (what is reported),
-// proof.go (what proves an object stored at the target), errors.go.
+// here, in the order of a migration: the CRD's watch (history.go), the wait
+// for every API server (switch.go, reporting through progress.go), the
+// settle window (finish.go), the pass (pass.go, which lists through list.go
+// and writes through write.go), the prune, and the encryption read again
+// (encryptionmoved.go). What a migration goes back to, and why: the live
+// CRD (history.go), read during the wait and after the pass; the settle
+// window's end, read while the first pass runs and after it; the pass, run
+// again as the re-check; the one timer helper, pace.SleepUntil. Leaves that
+// every step uses: types.go (the public vocabulary), proof.go (what proves
+// an object stored at the target), errors.go.
 
 // Migrate runs a whole migration of target: the first pass over every
 // object, then, for a CRD whose status.storedVersions lists other versions,
@@ -45,12 +51,7 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	var window sync.WaitGroup
 	defer window.Wait()
 	defer abort(nil)
-	if target.CRD != nil {
-		// A change of the CRD's storage version ends the migration when it
-		// is seen (history.go).
-		mg.history = mg.watchHistory(ctx, abort)
-	}
-	result, err := mg.migrate(ctx, &window)
+	result, err := mg.migrate(ctx, abort, &window)
 	if cause := context.Cause(ctx); err != nil && errors.Is(cause, storedversions.ErrCRDChanged) {
 		err = cause
 	}
@@ -63,12 +64,20 @@ func (m *Migrator) Migrate(ctx context.Context, target Target, opts Options, obs
 	return result, err
 }
 
-// migrate is Migrate once its CRD is watched.
-func (mg *migration) migrate(ctx context.Context, window *sync.WaitGroup) (Result, error) {
-	target, opts := mg.target, mg.opts
+// migrate is Migrate's way through: the CRD watched (history.go), every
+// API server switched (switch.go), the settle window counted (finish.go),
+// the first pass (pass.go), then the settle window's end, the re-check and
+// the prune.
+func (mg *migration) migrate(ctx context.Context, abort context.CancelCauseFunc, window *sync.WaitGroup) (Result, error) {
+	target := mg.target
+	if target.CRD != nil {
+		// A change of the CRD's storage version ends the migration when it
+		// is seen, through abort.
+		mg.watchHistory(ctx, abort)
+	}
 	// Only a migration that settles re-checks, and needs the record.
 	mg.recordWrites = target.CRD != nil && !target.Partial()
-	if mg.progress().Phase == PhaseRewriting {
+	if mg.phase() == PhaseRewriting {
 		// No answer counts before every API server has switched (lag.go,
 		// switch.go); the report shows until when, and the settle window
 		// counts from then.
@@ -80,7 +89,7 @@ func (mg *migration) migrate(ctx context.Context, window *sync.WaitGroup) (Resul
 	if target.CRD != nil {
 		window.Go(func() { mg.closeWindowAt(ctx) })
 	}
-	if mg.progress().Phase == PhaseRewriting {
+	if mg.phase() == PhaseRewriting {
 		if err := mg.pass(ctx, false); err != nil {
 			return mg.result(), err
 		}
@@ -106,23 +115,7 @@ func (mg *migration) migrate(ctx context.Context, window *sync.WaitGroup) (Resul
 	if err := mg.settle(ctx); err != nil {
 		return mg.result(), err
 	}
-	mg.startRecheck()
-	if err := mg.pass(ctx, true); err != nil {
-		return mg.result(), err
-	}
-	result := mg.result()
-	if result.Failed > 0 {
-		return result, nil
-	}
-	result.Settled = true
-	if !opts.Prune {
-		return result, nil
-	}
-	result.Pruned, err = storedversions.Prune(ctx, mg.m.Client, mg.m.Reader, storedversions.Expected{
-		Name: target.CRD.Name, UID: target.CRD.UID, StorageVersion: target.CRD.StorageVersion, Generation: target.CRD.Generation,
-		Kept: mg.history.kept,
-	})
-	return result, err
+	return mg.recheck(ctx)
 }
 
 // FirstPass lists every object of the target and rewrites each unchanged, so
@@ -236,6 +229,13 @@ func newMigration(m *Migrator, target Target, opts Options, observe Observer) *m
 		mg.settleUntil = later(mg.settleUntil, time.Now().Add(opts.SettleWindow))
 	}
 	return mg
+}
+
+// phase is where the migration is: rewriting, settling or re-checking.
+func (mg *migration) phase() Phase {
+	mg.mu.Lock()
+	defer mg.mu.Unlock()
+	return mg.cp.Phase
 }
 
 // checkViaStatus refuses a rewrite through /status on a CRD version without

@@ -18,9 +18,11 @@
 //     takes apart a page that one object fails); write.go: one object's
 //     rewrite, as an update or a merge patch, with its retries; request.go:
 //     the raw requests both send for whole objects.
-//   - finish.go: the settle window, the re-check and the prune; history.go:
-//     the CRD as watched since the migration began, which says whether a
-//     CRD whose spec changed meanwhile still allows the prune.
+//   - history.go: the CRD as watched since the migration began, and its
+//     live reads (liveCRD), which say whether a CRD whose spec changed
+//     meanwhile still allows the prune; finish.go: the settle window and
+//     the re-check; encryptionmoved.go: what the end of a pass under an
+//     encryption target reads again.
 //   - Leaves used along the way: types.go (the public vocabulary), progress.go
 //     (what is reported), proof.go (what proves an object stored at the
 //     target), errors.go (what an answer means), and package pace (how many

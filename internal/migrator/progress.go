@@ -29,17 +29,6 @@ func (mg *migration) progress() Progress {
 	return p
 }
 
-// switchTimes are when every API server stores at the target version, and
-// when the settle window ends: set as the migration begins, and again when
-// it knows every server switched (switch.go).
-type switchTimes struct{ by, settleUntil time.Time }
-
-func (mg *migration) switchTimes() switchTimes {
-	mg.mu.Lock()
-	defer mg.mu.Unlock()
-	return switchTimes{by: mg.switchedBy, settleUntil: mg.settleUntil}
-}
-
 // setWaitingForSlot says whether the pass waits for one of the passes
 // that run at once to end (Migrator.MaxPasses).
 func (mg *migration) setWaitingForSlot(waiting bool) {
@@ -60,4 +49,38 @@ func setReported[T comparable](mg *migration, field *T, value T) {
 	if changed {
 		mg.report()
 	}
+}
+
+// applySwitch reports what one read of every API server decided
+// (switch.go): the wait is over, it stalls, or it goes on and says why.
+func (mg *migration) applySwitch(d switchDecision) (bool, error) {
+	switch {
+	case d.err != nil:
+		return false, d.err
+	case d.done:
+		mg.setSwitchedBy(d.by, d.all)
+		return true, nil
+	}
+	mg.setSwitching(d.msg)
+	return false, nil
+}
+
+// setSwitchedBy records when every API server stores at the target, and
+// whether each showed it, and counts the settle window from then.
+func (mg *migration) setSwitchedBy(by time.Time, allSwitched bool) {
+	mg.mu.Lock()
+	mg.switchedBy = by
+	mg.cp.LagWait = max(by.Sub(mg.cp.StartTime), 0)
+	mg.cp.AllSwitched = allSwitched
+	// Only a first pass that did nothing reads the servers, and its
+	// checkpoint starts then (newMigration): by comes after it, and the
+	// window counts from the last server's switch.
+	mg.settleUntil = by.Add(mg.opts.SettleWindow)
+	mg.switching = ""
+	mg.mu.Unlock()
+	mg.report()
+}
+
+func (mg *migration) setSwitching(msg string) {
+	setReported(mg, &mg.switching, msg)
 }

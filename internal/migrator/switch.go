@@ -110,17 +110,39 @@ func (mg *migration) awaitSwitch(ctx context.Context) error {
 	mg.mu.Lock()
 	by, allSwitched, done := mg.switchedBy, mg.cp.AllSwitched, mg.cp.Done()
 	mg.mu.Unlock()
-	want := mg.target.storageVersionHash()
-	if mg.target.LagWait == 0 || allSwitched || done > 0 || want == "" || len(mg.target.APIServerAddresses) == 0 || !time.Now().Before(by) {
-		return pace.SleepUntil(ctx, later(by, mg.cp.StartTime.Add(informerLag)))
+	until := later(by, mg.cp.StartTime.Add(informerLag))
+	if want := mg.target.storageVersionHash(); mg.target.LagWait > 0 && !allSwitched && done == 0 && want != "" && len(mg.target.APIServerAddresses) > 0 && time.Now().Before(by) {
+		var err error
+		if until, err = mg.pollSwitch(ctx, want, by); err != nil {
+			mg.setSwitching("")
+			return err
+		}
 	}
-	bound := by
+	return pace.SleepUntil(ctx, until)
+}
+
+// switchDecision is what one read of every API server decides: the wait
+// is over (done, with by and all), it stalls (err), or it goes on (msg).
+type switchDecision struct {
+	done bool
+	by   time.Time
+	all  bool
+	msg  string
+	err  error
+}
+
+// pollSwitch reads every API server until each shows the target, or the
+// lag bound covers those restow cannot see, or the lag limit is reached,
+// and returns when every server stores at the target.
+func (mg *migration) pollSwitch(ctx context.Context, want string, bound time.Time) (time.Time, error) {
 	limit := bound.Add(max(mg.m.lagLimit(), mg.m.lagBound()) - mg.cp.LagWait)
 	state := &switchState{switched: map[string]bool{}, lagging: map[string]time.Time{}}
 	versions := mg.target.knownVersions()
-	log := klog.FromContext(ctx)
 	polls := 0
+	var decision switchDecision
 	err := wait.PollUntilContextCancel(ctx, switchPoll, true, func(ctx context.Context) (bool, error) {
+		seen := mg.m.readSwitch(ctx, mg.target, want, versions)
+		decision = mg.decideSwitch(ctx, state, seen, bound, limit)
 		if polls++; polls%crdCheckPolls == 0 && mg.target.CRD != nil {
 			// The CRD may change while the servers are read: a new
 			// migration starts then, rather than a wait for a version the
@@ -129,35 +151,33 @@ func (mg *migration) awaitSwitch(ctx context.Context) error {
 				return false, err
 			}
 		}
-		seen := mg.m.readSwitch(ctx, mg.target, want, versions)
-		now := time.Now()
-		late, unreachable := state.note(seen, mg.target.TargetVersion(), now)
-		if mg.target.unseen != "" {
-			unreachable = append(unreachable, mg.target.unseen)
-		}
-		seenBy := later(state.lastSwitch, mg.cp.StartTime).Add(informerLag)
-		switch {
-		case len(late) == 0 && len(unreachable) == 0:
-			log.V(1).Info("Every API server shows the switch", "servers", len(seen))
-			mg.setSwitchedBy(seenBy, true)
-			return true, nil
-		case len(late) == 0 && !now.Before(bound):
-			log.Info("Relying on the lag bound for API servers restow cannot see", "unseen", unreachable)
-			mg.setSwitchedBy(later(bound, seenBy), false)
-			return true, nil
-		case len(late) > 0 && !now.Before(limit):
-			return false, &StalledError{Reason: ReasonAPIServerLagging, Message: fmt.Sprintf(
-				"API servers have not switched to %s %s after the switch (--apiserver-lag-limit): %s; nothing was rewritten or pruned",
-				mg.target.TargetVersion(), limit.Sub(mg.cp.StartTime).Round(time.Second), strings.Join(late, "; "))}
-		}
-		mg.setSwitching(switchingMessage(mg.target, bound, limit, now, seen, late, unreachable))
-		return false, nil
+		return mg.applySwitch(decision)
 	})
-	if err != nil {
-		mg.setSwitching("")
-		return err
+	return decision.by, err
+}
+
+// decideSwitch says what one read of every server, seen, decides.
+func (mg *migration) decideSwitch(ctx context.Context, state *switchState, seen []serverSwitch, bound, limit time.Time) switchDecision {
+	now := time.Now()
+	late, unreachable := state.note(seen, mg.target.TargetVersion(), now)
+	if mg.target.unseen != "" {
+		unreachable = append(unreachable, mg.target.unseen)
 	}
-	return pace.SleepUntil(ctx, mg.switchTimes().by)
+	seenBy := later(state.lastSwitch, mg.cp.StartTime).Add(informerLag)
+	log := klog.FromContext(ctx)
+	switch {
+	case len(late) == 0 && len(unreachable) == 0:
+		log.V(1).Info("Every API server shows the switch", "servers", len(seen))
+		return switchDecision{done: true, by: seenBy, all: true}
+	case len(late) == 0 && !now.Before(bound):
+		log.Info("Relying on the lag bound for API servers restow cannot see", "unseen", unreachable)
+		return switchDecision{done: true, by: later(bound, seenBy)}
+	case len(late) > 0 && !now.Before(limit):
+		return switchDecision{err: &StalledError{Reason: ReasonAPIServerLagging, Message: fmt.Sprintf(
+			"API servers have not switched to %s %s after the switch (--apiserver-lag-limit): %s; nothing was rewritten or pruned",
+			mg.target.TargetVersion(), limit.Sub(mg.cp.StartTime).Round(time.Second), strings.Join(late, "; "))}}
+	}
+	return switchDecision{msg: switchingMessage(mg.target, bound, limit, now, seen, late, unreachable)}
 }
 
 // storageVersionHash is what an API server's own discovery shows for the
@@ -388,24 +408,4 @@ func (m *Migrator) lagLimit() time.Duration {
 		return DefaultLagLimit
 	}
 	return m.LagLimit
-}
-
-// setSwitchedBy records when every API server stores at the target, and
-// whether each showed it, and counts the settle window from then.
-func (mg *migration) setSwitchedBy(by time.Time, allSwitched bool) {
-	mg.mu.Lock()
-	mg.switchedBy = by
-	mg.cp.LagWait = max(by.Sub(mg.cp.StartTime), 0)
-	mg.cp.AllSwitched = allSwitched
-	// Only a first pass that did nothing reads the servers, and its
-	// checkpoint starts then (newMigration): by comes after it, and the
-	// window counts from the last server's switch.
-	mg.settleUntil = by.Add(mg.opts.SettleWindow)
-	mg.switching = ""
-	mg.mu.Unlock()
-	mg.report()
-}
-
-func (mg *migration) setSwitching(msg string) {
-	setReported(mg, &mg.switching, msg)
 }
