@@ -60,10 +60,14 @@ func TestLinks(t *testing.T) {
 	}
 }
 
-// markdownLines returns a document's lines outside code blocks and the
-// anchors of its headings: GitHub lowercases a heading, drops every
-// character but letters, digits, spaces, hyphens and underscores, turns
-// spaces into hyphens, and numbers repeats (-1, -2).
+// htmlAnchor is an anchor set by hand, such as <a id="pass"></a>.
+var htmlAnchor = regexp.MustCompile(`<a id="([^"]+)"></a>`)
+
+// markdownLines returns a document's lines outside code blocks and their
+// anchors: those set by hand (htmlAnchor) and those of its headings: GitHub
+// lowercases a heading, drops every character but letters, digits, spaces,
+// hyphens and underscores, turns spaces into hyphens, and numbers repeats
+// (-1, -2).
 func markdownLines(t *testing.T, path string) ([]string, map[string]bool) {
 	t.Helper()
 	f, err := os.Open(path)
@@ -89,6 +93,9 @@ func markdownLines(t *testing.T, path string) ([]string, map[string]bool) {
 			continue
 		}
 		lines = append(lines, line)
+		for _, m := range htmlAnchor.FindAllStringSubmatch(line, -1) {
+			anchors[m[1]] = true
+		}
 		if heading, ok := strings.CutPrefix(strings.TrimLeft(line, "#"), " "); ok && strings.HasPrefix(line, "#") {
 			slug := strings.Map(func(r rune) rune {
 				switch {
