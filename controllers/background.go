@@ -30,6 +30,11 @@ const backgroundRetry = 5 * time.Second
 // passes to drain.
 const backgroundDeferMax = time.Minute
 
+// baselineDeferMax bounds how long a first baseline waits for passes when
+// the trigger stamped what it first saw (FirstSeenHashAnnotation): an
+// upgrade meanwhile is re-stored from that, so the wait takes in nothing.
+const baselineDeferMax = 10 * time.Minute
+
 // firstSweepWait is how long, after the manager starts, a StorageMigration
 // at rest waits for the trigger's first sweep before it resolves its
 // resource anyway.
@@ -63,7 +68,7 @@ func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Re
 	}
 	if r.Migrator.Rewriting() {
 		since, _ := r.deferrals.LoadOrStore(req.Name, time.Now())
-		if time.Since(since.(time.Time)) < backgroundDeferMax {
+		if time.Since(since.(time.Time)) < deferMax(sm) {
 			return backgroundRetry, true
 		}
 	}
@@ -79,6 +84,15 @@ func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Re
 		return backgroundRetry, true
 	}
 	return 0, false
+}
+
+// deferMax is how long sm's background work waits for passes in a row:
+// longer for a first baseline whose first sight is stamped.
+func deferMax(sm *migrationv1alpha1.StorageMigration) time.Duration {
+	if sm.Status.Baseline == nil && sm.Status.LastPass == nil && sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation] != "" {
+		return baselineDeferMax
+	}
+	return backgroundDeferMax
 }
 
 // standardChanged says whether the standard StorageVersionMigrations of

@@ -208,7 +208,7 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 			continue
 		}
 		if len(covered[res.gr]) == 0 {
-			if err := r.create(ctx, res); err != nil {
+			if err := r.create(ctx, res, servers); err != nil {
 				return ctrl.Result{}, err
 			}
 			continue
@@ -296,8 +296,10 @@ func (r *BuiltInMigrationReconciler) wake(ctx context.Context, sm *migrationv1al
 }
 
 // create makes the StorageMigration of a built-in resource seen for the
-// first time, named after it.
-func (r *BuiltInMigrationReconciler) create(ctx context.Context, res builtIn) error {
+// first time, named after it. When every API server publishes one hash for
+// it (servers), that hash is its first sight (FirstSeenHashAnnotation):
+// its baseline, whenever it is recorded.
+func (r *BuiltInMigrationReconciler) create(ctx context.Context, res builtIn, servers migrator.ServerHashes) error {
 	sm := &migrationv1alpha1.StorageMigration{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: res.gr.String(),
@@ -310,6 +312,9 @@ func (r *BuiltInMigrationReconciler) create(ctx context.Context, res builtIn) er
 			Resource:  migrationv1alpha1.GroupResource{Group: res.gr.Group, Resource: res.gr.Resource},
 			FirstPass: migrationv1alpha1.FirstPassSkip,
 		},
+	}
+	if res.hash != "" && !servers.Moved(res.gr, res.hash) {
+		sm.Annotations = map[string]string{migrationv1alpha1.FirstSeenHashAnnotation: res.hash}
 	}
 	err := r.Client.Create(ctx, sm)
 	switch {

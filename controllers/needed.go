@@ -52,6 +52,22 @@ func skipsFirstPass(sm *migrationv1alpha1.StorageMigration, target migrator.Targ
 		sm.Status.LastPass == nil && sm.Status.Progress == nil
 }
 
+// firstSight is the baseline sm's resource had when restow first saw it
+// (FirstSeenHashAnnotation), when the API servers store at another version
+// now; nil when they store where they did, or nothing was seen. The
+// annotation can only ask for more: a hash that is not the one published
+// now brings a re-store, never a baseline taken on trust.
+func firstSight(sm *migrationv1alpha1.StorageMigration, target migrator.Target) *migrationv1alpha1.StorageBaseline {
+	seen := sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation]
+	if seen == "" || target.StorageVersionHash == "" || seen == target.StorageVersionHash {
+		return nil
+	}
+	// Not a hash discovery publishes; still another one (status keeps 64
+	// characters at most).
+	seen = seen[:min(len(seen), 64)]
+	return &migrationv1alpha1.StorageBaseline{StorageVersionHash: seen, RecordedAt: metav1.Now()}
+}
+
 // recordBaseline is the outcome of a StorageMigration that skips its first
 // pass while nothing moved: at first sight, the storage version the API
 // servers store at now (every one, by Resolve) is recorded, and nothing is

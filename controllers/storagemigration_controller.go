@@ -341,8 +341,26 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	}
 	target := res.target
 	if skipsFirstPass(sm, target) && sm.Status.Baseline == nil && !reRunRequested(sm) {
-		return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
+		first := firstSight(sm, target)
+		if first == nil {
+			return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
+		}
+		// The API servers stored at another version at first sight: that
+		// is the baseline, and the objects are re-stored from it.
+		sm = sm.DeepCopy()
+		sm.Status.Baseline, sm.Status.ObservedGeneration = first, sm.Generation
+		out, after := r.decide(ctx, sm, target)
+		out.status.observedGeneration = set(sm.Generation)
+		out.status.baseline = set(first)
+		return out, after
 	}
+	return r.decide(ctx, sm, target)
+}
+
+// decide starts a run of sm over target if it needs one, or says why it
+// waits or rests.
+func (r *StorageMigrationReconciler) decide(ctx context.Context, sm *migrationv1alpha1.StorageMigration, target migrator.Target) (outcome, time.Duration) {
+	gr := target.Resource.GroupResource()
 	why := migrationNeeded(sm, target)
 	unseen := why != "" && reStoreUnseen(sm, target)
 	unknown := why == "" && target.EncryptionUnknown != ""

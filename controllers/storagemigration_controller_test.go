@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -153,6 +154,18 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 // eventReasons lists the reasons of a StorageMigration's events, oldest first.
 func eventReasons(t *testing.T, name string) []string {
 	t.Helper()
+	events := smEvents(t, name)
+	reasons := make([]string, 0, len(events))
+	for _, e := range events {
+		reasons = append(reasons, e.Reason)
+		t.Logf("event of %s: %s %s: %s", name, e.Type, e.Reason, e.Note)
+	}
+	return reasons
+}
+
+// smEvents lists a StorageMigration's events, oldest first.
+func smEvents(t *testing.T, name string) []eventsv1.Event {
+	t.Helper()
 	var list eventsv1.EventList
 	if err := env.Client.List(t.Context(), &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
 		t.Fatal(err)
@@ -164,12 +177,7 @@ func eventReasons(t *testing.T, name string) []string {
 		}
 	}
 	slices.SortFunc(events, func(a, b eventsv1.Event) int { return a.EventTime.Compare(b.EventTime.Time) })
-	reasons := make([]string, 0, len(events))
-	for _, e := range events {
-		reasons = append(reasons, e.Reason)
-		t.Logf("event of %s: %s %s: %s", name, e.Type, e.Reason, e.Note)
-	}
-	return reasons
+	return events
 }
 
 // TestBuiltInResourceReRunOnRequest: a StorageMigration for a built-in
@@ -218,6 +226,58 @@ func TestBuiltInResourceReRunOnRequest(t *testing.T) {
 	}
 	for i := range 30 {
 		stored, err := env.ReadStored(ctx, "", "configmaps", "builtin", fmt.Sprintf("cm-%02d", i))
+		if err != nil || stored.APIVersion != "v1" {
+			t.Fatalf("cm-%02d in etcd: %q, %v", i, stored.APIVersion, err)
+		}
+	}
+}
+
+// TestBaselineKeepsFirstSight: a built-in resource's baseline is what the
+// API servers published when restow first saw it. When they publish
+// another hash by the time the baseline is recorded (an upgrade while it
+// waited for passes), the objects are re-stored from it, not taken to be
+// stored at the new version.
+func TestBaselineKeepsFirstSight(t *testing.T) {
+	ctx := t.Context()
+	ensureNamespaces(t, "first-sight")
+	for i := range 20 {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "first-sight", Name: fmt.Sprintf("cm-%02d", i)}, Data: map[string]string{"k": "v"}}
+		if err := env.Client.Create(ctx, cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startManager(t, nil)
+	const seen = "Rm9yZWln" // a hash the API server does not publish for configmaps
+	sm := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "first-sight", Annotations: map[string]string{migrationv1alpha1.FirstSeenHashAnnotation: seen}},
+		Spec: migrationv1alpha1.StorageMigrationSpec{
+			Resource:  migrationv1alpha1.GroupResource{Resource: "configmaps"},
+			FirstPass: migrationv1alpha1.FirstPassSkip,
+		},
+	}
+	if err := env.Client.Create(ctx, sm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
+	sm = waitFor(t, sm.Name, time.Minute, "a pass from the first sight", func(sm *migrationv1alpha1.StorageMigration) bool {
+		return readyAt("v1")(sm) && sm.Status.LastPass != nil
+	})
+	// The pass's own summary replaces the baseline it started from; its
+	// event says which that was.
+	want := "the storage version moved from storageVersionHash " + seen + ", the baseline, to v1"
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return slices.ContainsFunc(smEvents(t, sm.Name), func(e eventsv1.Event) bool {
+			return e.Reason == "PassStarted" && strings.Contains(e.Note, want)
+		}), nil
+	}); err != nil {
+		eventReasons(t, sm.Name)
+		t.Fatalf("no PassStarted event saying %q: %v", want, err)
+	}
+	if sm.Status.LastPass.Listed < 20 || sm.Status.LastPass.Failed != 0 {
+		t.Errorf("pass %+v, want at least the 20 ConfigMaps listed and none failed", sm.Status.LastPass.ObjectCounts)
+	}
+	for i := range 20 {
+		stored, err := env.ReadStored(ctx, "", "configmaps", "first-sight", fmt.Sprintf("cm-%02d", i))
 		if err != nil || stored.APIVersion != "v1" {
 			t.Fatalf("cm-%02d in etcd: %q, %v", i, stored.APIVersion, err)
 		}

@@ -22,6 +22,14 @@ const AutomaticLabel = "migration.restow.dev/automatic"
 // first pass (spec.firstPass: Skip).
 const BuiltInLabel = "migration.restow.dev/built-in"
 
+// FirstSeenHashAnnotation is set by restow on the StorageMigration it
+// creates for a built-in resource: the storageVersionHash every API server
+// published when restow first saw the resource. The baseline is the
+// version of that hash, however late it is recorded: when the API servers
+// store at another version by then (an upgrade in between), the objects
+// are re-stored rather than taken to be stored at the new one.
+const FirstSeenHashAnnotation = "migration.restow.dev/first-seen-storage-version-hash"
+
 // AutoMigrateAnnotation on a CRD, set to "false", opts the CRD out of
 // automatic migration: restow creates no StorageMigration for it by itself.
 // A StorageMigration made by hand still runs.

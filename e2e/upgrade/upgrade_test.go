@@ -62,7 +62,7 @@ func TestUpgradeReStoresABuiltInResource(t *testing.T) {
 	createPolicies(t, cp)
 	assertStored(t, cp, map[string]int{before: n})
 	startManager(t, cp)
-	waitBaseline(t, cp, "v1beta1")
+	waitBaseline(t, cp, "v1beta1", true)
 	verify(t, cp, "v1beta1")
 	assertStored(t, cp, map[string]int{before: n})
 
@@ -87,7 +87,7 @@ func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
 	cp.WaitForSignals(t, 2, 2)
 	createPolicies(t, cp)
 	startManager(t, cp)
-	waitBaseline(t, cp, "v1beta1")
+	waitBaseline(t, cp, "v1beta1", true)
 
 	if err := cp.RestartOwnAPIServer(t.Context(), 0, "emulated-version"); err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func TestUpgradeBehindOneAddressWaits(t *testing.T) {
 	cp.WaitForSignals(t, 2, 1)
 	createPolicies(t, cp)
 	startManager(t, cp)
-	waitBaseline(t, cp, "v1beta1")
+	waitBaseline(t, cp, "v1beta1", false)
 
 	for i := range 2 {
 		if err := cp.RestartOwnAPIServer(t.Context(), i, "emulated-version"); err != nil {
@@ -215,14 +215,23 @@ func startManager(t *testing.T, cp *testenv.Env) {
 }
 
 // waitBaseline waits until the StorageMigration restow made for the
-// policies records version as its baseline, with nothing rewritten.
-func waitBaseline(t *testing.T, cp *testenv.Env, version string) {
+// policies records version as its baseline, with nothing rewritten. The
+// trigger stamps the hash it first saw when it read every API server
+// (stamped), and stamps nothing when it could not.
+func waitBaseline(t *testing.T, cp *testenv.Env, version string, stamped bool) {
 	t.Helper()
 	sm := cp.WaitForMigration(t, name, time.Minute, "at its baseline "+version, func(sm *migrationv1alpha1.StorageMigration) bool {
 		return sm.Status.Baseline != nil && sm.Status.Baseline.StorageVersion == version && isReady(sm)
 	})
 	if sm.Spec.FirstPass != migrationv1alpha1.FirstPassSkip || sm.Labels[migrationv1alpha1.BuiltInLabel] != "true" || sm.Status.LastPass != nil {
 		t.Fatalf("StorageMigration %s: firstPass %q, labels %v, lastPass %+v; want Skip, built-in, no pass", name, sm.Spec.FirstPass, sm.Labels, sm.Status.LastPass)
+	}
+	want := ""
+	if stamped {
+		want = sm.Status.Baseline.StorageVersionHash
+	}
+	if seen := sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation]; seen != want {
+		t.Fatalf("StorageMigration %s: first sight %q, baseline hash %q; want the first sight stamped %q", name, seen, sm.Status.Baseline.StorageVersionHash, want)
 	}
 	t.Logf("Baseline: %s", findCondition(sm, migrationv1alpha1.ReadyCondition).Message)
 }
