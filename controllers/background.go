@@ -24,10 +24,9 @@ import (
 const backgroundRetry = 5 * time.Second
 
 // backgroundDeferMax bounds how long background work waits for passes:
-// past it, it goes ahead beside them. A baseline recorded later than at
-// first sight could take in an upgrade that finished meanwhile, and a
-// moved storage version or a rotation must not wait for a backlog of
-// passes to drain.
+// past it, it goes ahead beside them. A moved storage version or a
+// rotation must not wait for a backlog of passes to drain, and a baseline
+// whose first sight was not stamped could take in an upgrade meanwhile.
 const backgroundDeferMax = time.Minute
 
 // baselineDeferMax bounds how long a first baseline waits for passes when
