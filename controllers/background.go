@@ -67,7 +67,7 @@ func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Re
 	}
 	if r.Migrator.Rewriting() {
 		since, _ := r.deferrals.LoadOrStore(req.Name, time.Now())
-		if time.Since(since.(time.Time)) < deferMax(sm) {
+		if time.Since(since.(time.Time)) < r.deferMax(sm) {
 			return backgroundRetry, true
 		}
 	}
@@ -86,10 +86,15 @@ func (r *StorageMigrationReconciler) background(ctx context.Context, req ctrl.Re
 }
 
 // deferMax is how long sm's background work waits for passes in a row:
-// longer for a first baseline whose first sight is stamped.
-func deferMax(sm *migrationv1alpha1.StorageMigration) time.Duration {
-	if sm.Status.Baseline == nil && sm.Status.LastPass == nil && sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation] != "" {
-		return baselineDeferMax
+// longer for a first baseline whose stamped first sight every API server
+// still publishes in the trigger's last sweep; a move since is a re-store,
+// which waits no longer than any other.
+func (r *StorageMigrationReconciler) deferMax(sm *migrationv1alpha1.StorageMigration) time.Duration {
+	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
+	if sm.Status.Baseline == nil && sm.Status.LastPass == nil && r.seen != nil {
+		if _, unmoved := r.seen.unmoved(gr, sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation]); unmoved {
+			return baselineDeferMax
+		}
 	}
 	return backgroundDeferMax
 }

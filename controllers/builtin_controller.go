@@ -255,8 +255,11 @@ func (r *BuiltInMigrationReconciler) wakeMoved(ctx context.Context, res builtIn,
 	for _, sm := range migrations {
 		recorded := recordedHash(sm)
 		if recorded == "" && sm.Status.LastPass == nil {
-			// Nothing recorded yet: its own first reconcile decides.
-			continue
+			// Nothing recorded yet: what it first saw is watched as if
+			// recorded, and without that its own first reconcile decides.
+			if recorded = sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation]; recorded == "" {
+				continue
+			}
 		}
 		if recorded != "" && recorded != res.hash {
 			ctrl.LoggerFrom(ctx).Info("The storage version of a built-in resource moved", "resource", res.gr.String(), "storageMigration", klog.KObj(sm),

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
@@ -73,6 +75,67 @@ func TestReadyMessage(t *testing.T) {
 	} {
 		if got := readyMessage(tc.target, migrator.Result{Settled: tc.settled}, 10); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A baseline recorded later than first sight keeps what the trigger
+// stamped, and only a stamp that differs from what the servers publish
+// now asks for more; a stamp of any length fits status.
+func TestFirstSight(t *testing.T) {
+	target := migrator.Target{StorageVersionHash: "Rm9yZWln"}
+	stamp := func(hash string) *migrationv1alpha1.StorageMigration {
+		sm := &migrationv1alpha1.StorageMigration{}
+		if hash != "" {
+			sm.Annotations = map[string]string{migrationv1alpha1.FirstSeenHashAnnotation: hash}
+		}
+		return sm
+	}
+	for _, c := range []struct {
+		name, stamp, now, want string
+	}{
+		{"no stamp", "", "Rm9yZWln", ""},
+		{"unmoved", "Rm9yZWln", "Rm9yZWln", ""},
+		{"no hash published now", "Rm9yZWln", "", ""},
+		{"moved", "T2xkZXI=", "Rm9yZWln", "T2xkZXI="},
+		{"too long for status", strings.Repeat("x", 70), "Rm9yZWln", strings.Repeat("x", 64)},
+	} {
+		target.StorageVersionHash = c.now
+		got := firstSight(stamp(c.stamp), target)
+		switch {
+		case c.want == "" && got != nil:
+			t.Errorf("%s: baseline %+v, want none from the stamp", c.name, got)
+		case c.want != "" && (got == nil || got.StorageVersionHash != c.want):
+			t.Errorf("%s: baseline %+v, want storageVersionHash %q", c.name, got, c.want)
+		}
+	}
+}
+
+// A first baseline waits for passes longer only while every API server
+// still publishes the hash it first saw: a move since is a re-store.
+func TestDeferMax(t *testing.T) {
+	gr := schema.GroupResource{Resource: "configmaps"}
+	r := &StorageMigrationReconciler{seen: &sweptHashes{swept: true, agreed: map[schema.GroupResource]string{gr: "Rm9yZWln"}}}
+	sm := func(stamp string, baseline bool) *migrationv1alpha1.StorageMigration {
+		sm := &migrationv1alpha1.StorageMigration{Spec: migrationv1alpha1.StorageMigrationSpec{Resource: migrationv1alpha1.GroupResource{Resource: gr.Resource}}}
+		sm.Annotations = map[string]string{migrationv1alpha1.FirstSeenHashAnnotation: stamp}
+		if baseline {
+			sm.Status.Baseline = &migrationv1alpha1.StorageBaseline{StorageVersionHash: stamp}
+		}
+		return sm
+	}
+	for _, c := range []struct {
+		name string
+		sm   *migrationv1alpha1.StorageMigration
+		want time.Duration
+	}{
+		{"stamped, unmoved", sm("Rm9yZWln", false), baselineDeferMax},
+		{"stamped, moved since", sm("T2xkZXI=", false), backgroundDeferMax},
+		{"not stamped", sm("", false), backgroundDeferMax},
+		{"baseline recorded", sm("Rm9yZWln", true), backgroundDeferMax},
+	} {
+		if got := r.deferMax(c.sm); got != c.want {
+			t.Errorf("%s: waits %s, want %s", c.name, got, c.want)
 		}
 	}
 }

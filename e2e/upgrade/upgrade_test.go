@@ -62,7 +62,7 @@ func TestUpgradeReStoresABuiltInResource(t *testing.T) {
 	createPolicies(t, cp)
 	assertStored(t, cp, map[string]int{before: n})
 	startManager(t, cp)
-	waitBaseline(t, cp, "v1beta1", true)
+	waitBaseline(t, cp, "v1beta1", stamped)
 	verify(t, cp, "v1beta1")
 	assertStored(t, cp, map[string]int{before: n})
 
@@ -87,7 +87,8 @@ func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
 	cp.WaitForSignals(t, 2, 2)
 	createPolicies(t, cp)
 	startManager(t, cp)
-	waitBaseline(t, cp, "v1beta1", true)
+	// A first sweep that missed one server stamps nothing (fail closed).
+	waitBaseline(t, cp, "v1beta1", stampedOrNone)
 
 	if err := cp.RestartOwnAPIServer(t.Context(), 0, "emulated-version"); err != nil {
 		t.Fatal(err)
@@ -140,7 +141,7 @@ func TestUpgradeBehindOneAddressWaits(t *testing.T) {
 	cp.WaitForSignals(t, 2, 1)
 	createPolicies(t, cp)
 	startManager(t, cp)
-	waitBaseline(t, cp, "v1beta1", false)
+	waitBaseline(t, cp, "v1beta1", unstamped)
 
 	for i := range 2 {
 		if err := cp.RestartOwnAPIServer(t.Context(), i, "emulated-version"); err != nil {
@@ -214,11 +215,25 @@ func startManager(t *testing.T, cp *testenv.Env) {
 		"--auto-migrate-builtins-exclude="+strings.Join(cp.BuiltInsExcept(t, name), ","))
 }
 
+// firstSight is what the trigger stamps on the StorageMigration it
+// creates: the hash it first saw when it read every API server, nothing
+// when it could not.
+type firstSight int
+
+const (
+	stamped firstSight = iota
+	unstamped
+	stampedOrNone
+)
+
+func (f firstSight) String() string {
+	return [...]string{"the baseline's hash stamped", "no stamp", "the baseline's hash stamped, or no stamp"}[f]
+}
+
 // waitBaseline waits until the StorageMigration restow made for the
-// policies records version as its baseline, with nothing rewritten. The
-// trigger stamps the hash it first saw when it read every API server
-// (stamped), and stamps nothing when it could not.
-func waitBaseline(t *testing.T, cp *testenv.Env, version string, stamped bool) {
+// policies records version as its baseline, with nothing rewritten, and
+// holds its stamp of the first sight to want.
+func waitBaseline(t *testing.T, cp *testenv.Env, version string, want firstSight) {
 	t.Helper()
 	sm := cp.WaitForMigration(t, name, time.Minute, "at its baseline "+version, func(sm *migrationv1alpha1.StorageMigration) bool {
 		return sm.Status.Baseline != nil && sm.Status.Baseline.StorageVersion == version && isReady(sm)
@@ -226,12 +241,9 @@ func waitBaseline(t *testing.T, cp *testenv.Env, version string, stamped bool) {
 	if sm.Spec.FirstPass != migrationv1alpha1.FirstPassSkip || sm.Labels[migrationv1alpha1.BuiltInLabel] != "true" || sm.Status.LastPass != nil {
 		t.Fatalf("StorageMigration %s: firstPass %q, labels %v, lastPass %+v; want Skip, built-in, no pass", name, sm.Spec.FirstPass, sm.Labels, sm.Status.LastPass)
 	}
-	want := ""
-	if stamped {
-		want = sm.Status.Baseline.StorageVersionHash
-	}
-	if seen := sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation]; seen != want {
-		t.Fatalf("StorageMigration %s: first sight %q, baseline hash %q; want the first sight stamped %q", name, seen, sm.Status.Baseline.StorageVersionHash, want)
+	seen, recorded := sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation], sm.Status.Baseline.StorageVersionHash
+	if (want == stamped && seen != recorded) || (want == unstamped && seen != "") || (want == stampedOrNone && seen != "" && seen != recorded) {
+		t.Fatalf("StorageMigration %s: first sight stamped %q, baseline hash %q; want %v", name, seen, recorded, want)
 	}
 	t.Logf("Baseline: %s", findCondition(sm, migrationv1alpha1.ReadyCondition).Message)
 }

@@ -33,6 +33,9 @@ func TestTermsLinkedAtFirstUse(t *testing.T) {
 	}
 	notForUsers := []string{"concepts.md", "benchmarks.md", "development.md", "release.md", "api-reference.md", "architecture.md"}
 	docs = slices.DeleteFunc(docs, func(doc string) bool { return slices.Contains(notForUsers, filepath.Base(doc)) })
+	if len(docs) < 10 {
+		t.Fatalf("found %d user pages in docs/, want the dozen or so there are: is the path right?", len(docs))
+	}
 	for _, doc := range append(docs, "../../README.md") {
 		concepts := "concepts.md#"
 		if doc == "../../README.md" {
