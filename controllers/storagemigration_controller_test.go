@@ -186,13 +186,7 @@ func smEvents(t *testing.T, name string) []eventsv1.Event {
 // encryption key.
 func TestBuiltInResourceReRunOnRequest(t *testing.T) {
 	ctx := t.Context()
-	ensureNamespaces(t, "builtin")
-	for i := range 30 {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "builtin", Name: fmt.Sprintf("cm-%02d", i)}, Data: map[string]string{"k": "v"}}
-		if err := env.Client.Create(ctx, cm); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createConfigMaps(t, "builtin", 30)
 	startManager(t, nil)
 	sm := &migrationv1alpha1.StorageMigration{
 		ObjectMeta: metav1.ObjectMeta{Name: "configmaps"},
@@ -224,12 +218,7 @@ func TestBuiltInResourceReRunOnRequest(t *testing.T) {
 	if sm.Status.LastPass.Listed < 30 {
 		t.Errorf("re-run pass listed %d objects, want at least 30", sm.Status.LastPass.Listed)
 	}
-	for i := range 30 {
-		stored, err := env.ReadStored(ctx, "", "configmaps", "builtin", fmt.Sprintf("cm-%02d", i))
-		if err != nil || stored.APIVersion != "v1" {
-			t.Fatalf("cm-%02d in etcd: %q, %v", i, stored.APIVersion, err)
-		}
-	}
+	assertConfigMapsStoredAtV1(t, "builtin", 30)
 }
 
 // TestBaselineKeepsFirstSight: a built-in resource's baseline is what the
@@ -239,13 +228,7 @@ func TestBuiltInResourceReRunOnRequest(t *testing.T) {
 // stored at the new version.
 func TestBaselineKeepsFirstSight(t *testing.T) {
 	ctx := t.Context()
-	ensureNamespaces(t, "first-sight")
-	for i := range 20 {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "first-sight", Name: fmt.Sprintf("cm-%02d", i)}, Data: map[string]string{"k": "v"}}
-		if err := env.Client.Create(ctx, cm); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createConfigMaps(t, "first-sight", 20)
 	startManager(t, nil)
 	const seen = "Rm9yZWln" // a hash the API server does not publish for configmaps
 	sm := &migrationv1alpha1.StorageMigration{
@@ -276,10 +259,28 @@ func TestBaselineKeepsFirstSight(t *testing.T) {
 	if sm.Status.LastPass.Listed < 20 || sm.Status.LastPass.Failed != 0 {
 		t.Errorf("pass %+v, want at least the 20 ConfigMaps listed and none failed", sm.Status.LastPass.ObjectCounts)
 	}
-	for i := range 20 {
-		stored, err := env.ReadStored(ctx, "", "configmaps", "first-sight", fmt.Sprintf("cm-%02d", i))
+	assertConfigMapsStoredAtV1(t, "first-sight", 20)
+}
+
+// createConfigMaps creates n ConfigMaps, cm-00 on, in namespace.
+func createConfigMaps(t *testing.T, namespace string, n int) {
+	t.Helper()
+	ensureNamespaces(t, namespace)
+	for i := range n {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("cm-%02d", i)}, Data: map[string]string{"k": "v"}}
+		if err := env.Client.Create(t.Context(), cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// assertConfigMapsStoredAtV1 reads createConfigMaps' n ConfigMaps from etcd.
+func assertConfigMapsStoredAtV1(t *testing.T, namespace string, n int) {
+	t.Helper()
+	for i := range n {
+		stored, err := env.ReadStored(t.Context(), "", "configmaps", namespace, fmt.Sprintf("cm-%02d", i))
 		if err != nil || stored.APIVersion != "v1" {
-			t.Fatalf("cm-%02d in etcd: %q, %v", i, stored.APIVersion, err)
+			t.Fatalf("%s/cm-%02d in etcd: %q, %v", namespace, i, stored.APIVersion, err)
 		}
 	}
 }
