@@ -30,8 +30,10 @@ const backgroundRetry = 5 * time.Second
 const backgroundDeferMax = time.Minute
 
 // baselineDeferMax bounds how long a first baseline waits for passes when
-// the trigger stamped what it first saw (FirstSeenHashAnnotation): an
-// upgrade meanwhile is re-stored from that, so the wait takes in nothing.
+// the trigger stamped what it first saw (FirstSeenHashAnnotation) and
+// every API server still publishes it: an upgrade meanwhile is re-stored
+// from the stamp. An upgrade and its rollback between two sweeps go unseen,
+// as they do once a baseline is recorded.
 const baselineDeferMax = 10 * time.Minute
 
 // firstSweepWait is how long, after the manager starts, a StorageMigration
