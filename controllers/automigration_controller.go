@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -55,6 +57,10 @@ type AutoMigrationReconciler struct {
 	// watch lags, as the CRD event that led here did, and a second lag
 	// would be waited out before the pass could even begin.
 	Wake chan<- event.GenericEvent
+
+	// looked holds the names of the CRDs reconciled at least once, for
+	// FirstLook.
+	looked sync.Map
 
 	// heldBack remembers, per CRD, the StorageVersionMigration the trigger
 	// last said it held back for, so the event is sent once.
@@ -106,6 +112,7 @@ func optedOut(o metav1.Object) bool {
 // Reconcile reads the CRD live, decides, and creates or retires the
 // automatic StorageMigration.
 func (r *AutoMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	defer r.looked.Store(req.Name, struct{}{})
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	if err := r.APIReader.Get(ctx, req.NamespacedName, crd); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -155,6 +162,26 @@ func (r *AutoMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		log.V(1).Info("No automatic StorageMigration needed", "reason", d.why)
 	}
 	return ctrl.Result{}, nil
+}
+
+// FirstLook returns once every CRD in the manager's cache that the trigger
+// may migrate has been reconciled at least once (the StorageMigrations it
+// needs are created and handed on), or with ctx's error. It reads the
+// cache only.
+func (r *AutoMigrationReconciler) FirstLook(ctx context.Context) error {
+	var crds metav1.PartialObjectMetadataList
+	crds.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinitionList"))
+	if err := r.Client.List(ctx, &crds); err != nil {
+		return err
+	}
+	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+		for i := range crds.Items {
+			if _, ok := r.looked.Load(crds.Items[i].Name); !ok && r.mayMigrate(&crds.Items[i]) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
 
 // create makes the automatic StorageMigration of crd. If a StorageMigration

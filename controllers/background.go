@@ -9,7 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
@@ -152,4 +154,48 @@ func (s *sweptHashes) unmoved(gr schema.GroupResource, recorded string) (swept, 
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.swept, s.swept && recorded != "" && s.agreed[gr] == recorded
+}
+
+// warmUp waits, before the first sweep after the manager starts, until
+// the automatic migration of CRDs has looked at each CRD once and no
+// StorageMigration someone asked for waits to start, or until ctx ends:
+// the first sweep and the StorageMigrations it creates are the trigger's
+// largest burst of requests, and the migration a CRD upgrade brings is
+// often created in the same second.
+func (r *BuiltInMigrationReconciler) warmUp(ctx context.Context) {
+	if r.FirstLook != nil {
+		if err := r.FirstLook(ctx); err != nil {
+			return
+		}
+	}
+	if r.Due == nil {
+		return
+	}
+	_ = wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		return !r.Due(ctx), nil
+	})
+}
+
+// due says whether a StorageMigration someone asked for (any but the
+// automatic ones of built-in resources) waits to start: no run of it is
+// under way, and it is new or changed since last observed, asked to run
+// again, resumes an interrupted pass, or waits for the API server to
+// store at its storage version. It reads the cache only.
+func (r *StorageMigrationReconciler) due(ctx context.Context) bool {
+	var all migrationv1alpha1.StorageMigrationList
+	if err := r.Client.List(ctx, &all, client.UnsafeDisableDeepCopy); err != nil {
+		return false
+	}
+	for i := range all.Items {
+		sm := &all.Items[i]
+		if isBuiltInAutomatic(sm) || !sm.DeletionTimestamp.IsZero() || r.runs.get(sm.Name) != nil {
+			continue
+		}
+		ready := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition)
+		if sm.Generation != sm.Status.ObservedGeneration || reRunRequested(sm) || sm.Status.Progress != nil ||
+			ready != nil && ready.Reason == migrationv1alpha1.WaitingForStorageVersionReason {
+			return true
+		}
+	}
+	return false
 }

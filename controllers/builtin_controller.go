@@ -7,6 +7,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -76,6 +77,17 @@ type BuiltInMigrationReconciler struct {
 	// Sweep reads every API server's own discovery of the group versions
 	// (migrator.Migrator's SweepServerHashes).
 	Sweep func(context.Context, []schema.GroupVersion) (migrator.ServerHashes, error)
+
+	// FirstLook, when set, returns once the automatic migration of CRDs
+	// has looked at each CRD once (AutoMigrationReconciler's FirstLook),
+	// and Due says whether a StorageMigration someone asked for waits to
+	// start (StorageMigrationReconciler's due): the first sweep waits for
+	// both, for a migration about to begin has not yet entered the gate
+	// Idle waits on.
+	FirstLook func(context.Context) error
+	Due       func(context.Context) bool
+	// warm is set once the first sweep has waited for them.
+	warm atomic.Bool
 
 	// seen, when set, receives each sweep, for the StorageMigration
 	// controller to leave resources that did not move alone.
@@ -173,6 +185,9 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	// Background work: it waits while a migration is under way, for at
 	// most backgroundDeferMax.
 	idle, cancel := context.WithTimeout(ctx, backgroundDeferMax)
+	if !r.warm.Swap(true) {
+		r.warmUp(idle)
+	}
 	_ = r.Idle(idle)
 	cancel()
 	if err := ctx.Err(); err != nil {

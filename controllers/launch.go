@@ -103,9 +103,17 @@ func (o Options) runOptions(prune bool, resume *migrator.Checkpoint) migrator.Op
 // reports false when the manager is stopping and nothing started.
 func (rs *runs) startRun(ctx context.Context, m *migrator.Migrator, owner client.Object, target migrator.Target, opts migrator.Options) bool {
 	log := ctrl.LoggerFrom(ctx)
-	return rs.launch(ctx, owner, newRun(target, opts.Resume), func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
+	// Background work waits from the launch on, not from when the run's
+	// goroutine enters Migrate.
+	release := m.Hold()
+	started := rs.launch(ctx, owner, newRun(target, opts.Resume), func(ctx context.Context, observe migrator.Observer) (migrator.Result, error) {
+		defer release()
 		return m.Migrate(ctrl.LoggerInto(ctx, log), target, opts, observe)
 	})
+	if !started {
+		release()
+	}
+	return started
 }
 
 // pruneEnabled says whether sm lets its runs prune status.storedVersions.

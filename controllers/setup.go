@@ -128,8 +128,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := migrations.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the StorageMigration controller: %w", err)
 	}
+	var auto *AutoMigrationReconciler
+	if opts.AutoMigrate {
+		if auto, err = setupAutoMigration(mgr, standard, opts, wake); err != nil {
+			return err
+		}
+	}
 	if builtIns {
-		if err := setupBuiltIns(mgr, m, opts, wake, migrations.seen); err != nil {
+		if err := setupBuiltIns(mgr, m, opts, wake, migrations, auto); err != nil {
 			return fmt.Errorf("setting up automatic migration of built-in resources: %w", err)
 		}
 	}
@@ -138,16 +144,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 			return fmt.Errorf("setting up the StorageVersionMigration controller: %w", err)
 		}
 	}
-	if !opts.AutoMigrate {
-		return nil
-	}
-	return setupAutoMigration(mgr, standard, opts, wake)
+	return nil
 }
 
 // setupAutoMigration registers the automatic trigger of CRDs, which hands
 // the StorageMigrations it creates to the StorageMigration controller
 // through wake.
-func setupAutoMigration(mgr ctrl.Manager, standard *StandardMigrations, opts Options, wake chan<- event.GenericEvent) error {
+func setupAutoMigration(mgr ctrl.Manager, standard *StandardMigrations, opts Options, wake chan<- event.GenericEvent) (*AutoMigrationReconciler, error) {
 	auto := &AutoMigrationReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
@@ -159,9 +162,9 @@ func setupAutoMigration(mgr ctrl.Manager, standard *StandardMigrations, opts Opt
 		auto.Standard = standard
 	}
 	if err := auto.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up automatic migration: %w", err)
+		return nil, fmt.Errorf("setting up automatic migration: %w", err)
 	}
-	return nil
+	return auto, nil
 }
 
 // setupServed registers restow's controller of standard
@@ -180,7 +183,8 @@ func setupServed(mgr ctrl.Manager, m *migrator.Migrator, standard *StandardMigra
 }
 
 // setupBuiltIns registers the automatic trigger of built-in resources.
-func setupBuiltIns(mgr ctrl.Manager, m *migrator.Migrator, opts Options, wake chan<- event.GenericEvent, seen *sweptHashes) error {
+func setupBuiltIns(mgr ctrl.Manager, m *migrator.Migrator, opts Options, wake chan<- event.GenericEvent,
+	migrations *StorageMigrationReconciler, auto *AutoMigrationReconciler) error {
 	leases, err := kubernetes.NewForConfig(mgr.GetConfig())
 	if err != nil {
 		return err
@@ -200,10 +204,14 @@ func setupBuiltIns(mgr ctrl.Manager, m *migrator.Migrator, opts Options, wake ch
 		Wake:      wake,
 		Idle:      m.WaitIdle,
 		Sweep:     m.SweepServerHashes,
+		Due:       migrations.due,
 
 		ReEncrypt:     opts.ReEncrypt,
 		ReEncryptOnly: !opts.AutoMigrateBuiltIns,
-		seen:          seen,
+		seen:          migrations.seen,
+	}
+	if auto != nil {
+		builtIns.FirstLook = auto.FirstLook
 	}
 	return builtIns.SetupWithManager(mgr)
 }

@@ -65,3 +65,12 @@ func (m *Migrator) Rewriting() bool {
 // WaitIdle returns once no migration of this Migrator is under way and no
 // pass lists and rewrites, or with ctx's error.
 func (m *Migrator) WaitIdle(ctx context.Context) error { return m.rewriting.wait(ctx) }
+
+// Hold counts as a migration under way until release is called (more calls
+// of release do nothing): a run about to start holds it from its launch, so
+// background work that asks between the launch and Migrate's own entry
+// waits as it would for the run.
+func (m *Migrator) Hold() (release func()) {
+	m.rewriting.enter()
+	return sync.OnceFunc(m.rewriting.leave)
+}
