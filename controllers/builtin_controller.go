@@ -342,9 +342,10 @@ func (r *BuiltInMigrationReconciler) create(ctx context.Context, res builtIn, se
 			"Created for built-in resource %s: it records the storage version the API servers store at as its baseline, and re-stores the objects when that changes", res.gr)
 		return nil
 	case apierrors.IsAlreadyExists(err):
-		// Not in the cache yet, or another resource's of that name: the
-		// StorageMigration of that name says which.
-		ctrl.LoggerFrom(ctx).Info("A StorageMigration named after a built-in resource exists", "storageMigration", klog.KObj(sm))
+		// Not in the cache yet (a sweep soon after the one that created
+		// it: the usual case, hence debug), or another resource's of that
+		// name: the StorageMigration of that name says which.
+		ctrl.LoggerFrom(ctx).V(1).Info("A StorageMigration named after a built-in resource exists", "storageMigration", klog.KObj(sm))
 		return nil
 	}
 	return err

@@ -130,7 +130,12 @@ func crdName(sm *migrationv1alpha1.StorageMigration) string {
 	return schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}.String()
 }
 
-// migrationsForCRD maps a CRD event to the StorageMigrations of its resource.
+// migrationsForCRD maps a CRD event to the StorageMigrations of its
+// resource. One that waits for the API server to store at the storage
+// version looks again from waitForStorageVersionBase: the event came
+// through an API server whose informer has just seen the CRD change, and
+// whose discovery follows within moments (after a watch that lagged, the
+// backoff had reached waitForStorageVersionMax).
 func (r *StorageMigrationReconciler) migrationsForCRD(ctx context.Context, crd client.Object) []reconcile.Request {
 	var list migrationv1alpha1.StorageMigrationList
 	if err := r.Client.List(ctx, &list, client.MatchingFields{resourceIndex: crd.GetName()}); err != nil {
@@ -139,6 +144,7 @@ func (r *StorageMigrationReconciler) migrationsForCRD(ctx context.Context, crd c
 	}
 	requests := make([]reconcile.Request, 0, len(list.Items))
 	for _, sm := range list.Items {
+		r.runs.waiting.Forget(sm.Name)
 		requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&sm)})
 	}
 	return requests

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -128,13 +129,17 @@ func (mg *migration) mayIsolate() bool {
 // token is the same whichever version lists through it. A page listed
 // through a fallback version has no bodies: its objects are patched.
 func (mg *migration) listPage(ctx context.Context, token string, limit int64, whole bool) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
-	listFirst := listMetadata(ctx, mg.target.scope(mg.resource), limit)
+	listFirst := func(ctx context.Context) listFunc {
+		return listMetadata(ctx, mg.target.scope(mg.resource), limit)
+	}
 	if whole && mg.writesWhole() {
-		listFirst = func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
-			return mg.listWhole(ctx, token, limit)
+		listFirst = func(ctx context.Context) listFunc {
+			return func(token string) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+				return mg.listWhole(ctx, token, limit)
+			}
 		}
 	}
-	list, bodies, err := mg.listThrough(ctx, token, listFirst)
+	list, bodies, err := mg.listPromptly(ctx, token, limit, listFirst)
 	if err == nil || classify(err) != transient {
 		return list, bodies, err
 	}
@@ -146,6 +151,92 @@ func (mg *migration) listPage(ctx context.Context, token string, limit int64, wh
 		}
 	}
 	return nil, nil, err
+}
+
+// listAttemptTimeout bounds a list page through one API server while
+// restow can list through the others at their own addresses. A server
+// whose watch cache is behind etcd holds a page at a resourceVersion it has
+// not seen for 3 s, then answers "Too large resource version" with a
+// Retry-After of 1 s, which client-go follows up to 10 times: through a
+// server whose watch lags 90 s, a page waited 43 s, then failed, and the
+// retries went on until the lag ended.
+const listAttemptTimeout = 5 * time.Second
+
+// listPromptly lists one page with list, bounded by listAttemptTimeout when
+// restow can reach every API server at its own address, and, when that
+// fails for the time or the resourceVersion, through each of those
+// servers in turn (listElsewhere). Once every server took longer, pages are
+// no longer timed: a page that slow is the resource's, not a server's.
+func (mg *migration) listPromptly(ctx context.Context, token string, limit int64, list func(context.Context) listFunc) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+	if len(mg.target.APIServerAddresses) < 2 || !mg.m.verifiesServers() || mg.slowLists.Load() {
+		return mg.listThrough(ctx, token, list(ctx))
+	}
+	if mg.listVia.Load() != nil {
+		// A server answered where the usual one did not: the pages go
+		// there first while it answers.
+		if items, err := mg.listElsewhere(ctx, token, limit); err == nil {
+			return items, nil, nil
+		}
+		mg.listVia.Store(nil)
+	}
+	attempt, cancel := context.WithTimeout(ctx, listAttemptTimeout)
+	defer cancel()
+	items, bodies, err := mg.listThrough(attempt, token, list(attempt))
+	if err == nil || ctx.Err() != nil || attempt.Err() == nil && !resourceVersionTooLarge(err) {
+		return items, bodies, err
+	}
+	klog.FromContext(ctx).V(1).Info("Listing the page through the API servers at their own addresses, since the usual one did not answer in time or its watch cache is behind etcd",
+		"error", Message(err))
+	if items, err := mg.listElsewhere(ctx, token, limit); err == nil {
+		return items, nil, nil
+	}
+	mg.slowLists.Store(true)
+	return mg.listThrough(ctx, token, list(ctx))
+}
+
+// resourceVersionTooLarge says whether err is an API server's answer that
+// its watch cache has not reached the resourceVersion a list needs: for a
+// consistent list, etcd's latest.
+func resourceVersionTooLarge(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	return slices.ContainsFunc(status.Status().Details.Causes, func(c metav1.StatusCause) bool {
+		return c.Type == metav1.CauseTypeResourceVersionTooLarge
+	})
+}
+
+// listElsewhere lists one page's metadata through the API servers at their
+// own addresses, the one that last answered first, each bounded by
+// listAttemptTimeout, for a page the usual client's server did not answer
+// in time or said its watch cache is behind etcd. Every server answers a
+// list from etcd's state (a consistent one, or one at a continue token's
+// resourceVersion), so the page is the same; it has no bodies, so its
+// objects are patched. It returns the last error when no server answers.
+func (mg *migration) listElsewhere(ctx context.Context, token string, limit int64) (*metav1.PartialObjectMetadataList, error) {
+	addresses := mg.target.APIServerAddresses
+	if via := mg.listVia.Load(); via != nil {
+		addresses = append([]string{*via}, slices.DeleteFunc(slices.Clone(addresses), func(a string) bool { return a == *via })...)
+	}
+	var err error
+	for _, address := range addresses {
+		var server metadata.Interface
+		if server, err = mg.m.serverMetadata(address); err != nil {
+			return nil, err
+		}
+		attempt, cancel := context.WithTimeout(ctx, listAttemptTimeout)
+		var list *metav1.PartialObjectMetadataList
+		list, _, err = mg.listThrough(attempt, token, listMetadata(attempt, mg.target.scope(server.Resource(mg.target.Resource)), limit))
+		cancel()
+		if err == nil {
+			if via := mg.listVia.Swap(&address); via == nil || *via != address {
+				klog.FromContext(ctx).V(1).Info("Listing pages through another API server", "server", address)
+			}
+			return list, nil
+		}
+	}
+	return nil, err
 }
 
 // listFunc lists one page from a continue token.

@@ -160,6 +160,12 @@ type migration struct {
 	// updateRefused is set once the API server answered 403 to writing an
 	// object back as listed: the rest of the migration patches (write.go).
 	updateRefused atomic.Bool
+	// slowLists is set once a page took longer than listAttemptTimeout
+	// through every API server: from then on, pages are not timed.
+	slowLists atomic.Bool
+	// listVia is the API server address a page was last listed through,
+	// when the usual server did not answer it in time.
+	listVia atomic.Pointer[string]
 	// isolated counts the pages taken apart to pass over an object that no
 	// served version lists (isolate.go).
 	isolated atomic.Int64

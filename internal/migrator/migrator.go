@@ -119,8 +119,9 @@ type Migrator struct {
 	// every API server loaded into Target.Encryption, and waits until they
 	// agree.
 	ReEncrypt []schema.GroupResource
-	// probes holds a discovery client per API server address.
-	probes sync.Map
+	// probes holds a discovery client per API server address, listers a
+	// metadata client.
+	probes, listers sync.Map
 	// counted remembers the most API servers counted lately (lag.go).
 	counted countMemory
 	// crdClient watches the CRDs of migrations (history.go), made from

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/endpoints/discovery"
 	clientdiscovery "k8s.io/client-go/discovery"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -358,6 +359,26 @@ func (m *Migrator) serverDiscovery(address string) (*clientdiscovery.DiscoveryCl
 	}
 	actual, _ := m.probes.LoadOrStore(address, dc)
 	return actual.(*clientdiscovery.DiscoveryClient), nil
+}
+
+// serverMetadata is a metadata client of the API server at address, set
+// up as serverDiscovery's but without its short timeout: it lists pages.
+func (m *Migrator) serverMetadata(address string) (metadata.Interface, error) {
+	if c, ok := m.listers.Load(address); ok {
+		return c.(metadata.Interface), nil
+	}
+	if err := m.canVerifyServers(); err != nil {
+		return nil, err
+	}
+	cfg := rest.CopyConfig(m.Config)
+	cfg.Host = "https://" + address
+	cfg.ServerName = APIServerServiceName
+	c, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	actual, _ := m.listers.LoadOrStore(address, c)
+	return actual.(metadata.Interface), nil
 }
 
 // canVerifyServers says why restow's client configuration cannot reach an

@@ -51,6 +51,9 @@ func TestMigrateKnowingEachAPIServer(t *testing.T) {
 			MidPass: func(ctx context.Context) error { return ha.RestartOwnAPIServer(ctx, 1) },
 		})
 	})
+	t.Run("a watch cache behind etcd", func(t *testing.T) {
+		hatest.MigrateBehindLaggingCache(t, ha, "cache.hatest.restow.dev")
+	})
 	// Last: the lagging server's held watch events outlast the test.
 	t.Run("past the lag limit", func(t *testing.T) {
 		hatest.MigrateBehindLag(t, ha, hatest.LagCase{
