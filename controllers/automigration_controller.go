@@ -58,9 +58,9 @@ type AutoMigrationReconciler struct {
 	// would be waited out before the pass could even begin.
 	Wake chan<- event.GenericEvent
 
-	// looked holds the names of the CRDs reconciled at least once, for
-	// FirstLook.
-	looked sync.Map
+	// looked holds the names of the CRDs reconciled at least once, and
+	// created those of the StorageMigrations created, for FirstLook.
+	looked, created sync.Map
 
 	// heldBack remembers, per CRD, the StorageVersionMigration the trigger
 	// last said it held back for, so the event is sent once.
@@ -165,9 +165,9 @@ func (r *AutoMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 }
 
 // FirstLook returns once every CRD in the manager's cache that the trigger
-// may migrate has been reconciled at least once (the StorageMigrations it
-// needs are created and handed on), or with ctx's error. It reads the
-// cache only.
+// may migrate has been reconciled at least once, and every StorageMigration
+// it created is in the cache (where StorageMigrationReconciler's due sees
+// it), or with ctx's error. It reads the cache only.
 func (r *AutoMigrationReconciler) FirstLook(ctx context.Context) error {
 	var crds metav1.PartialObjectMetadataList
 	crds.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinitionList"))
@@ -180,7 +180,13 @@ func (r *AutoMigrationReconciler) FirstLook(ctx context.Context) error {
 				return false, nil
 			}
 		}
-		return true, nil
+		cached := true
+		r.created.Range(func(name, _ any) bool {
+			err := r.Client.Get(ctx, client.ObjectKey{Name: name.(string)}, &migrationv1alpha1.StorageMigration{})
+			cached = !apierrors.IsNotFound(err)
+			return cached
+		})
+		return cached, nil
 	})
 }
 
@@ -206,6 +212,7 @@ func (r *AutoMigrationReconciler) create(ctx context.Context, crd *apiextensions
 	err := r.Client.Create(ctx, sm)
 	switch {
 	case err == nil:
+		r.created.Store(sm.Name, struct{}{})
 		ctrl.LoggerFrom(ctx).Info("Created the automatic StorageMigration", "storageMigration", klog.KObj(sm),
 			"storedVersions", crd.Status.StoredVersions, "storageVersion", storedversions.StorageVersion(crd))
 		r.Recorder.Eventf(crd, nil, corev1.EventTypeNormal, "AutomaticMigrationCreated", "AutoMigrate",

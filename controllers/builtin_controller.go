@@ -184,10 +184,12 @@ var serverChanged = predicate.Funcs{
 func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	// Background work: it waits while a migration is under way, for at
 	// most backgroundDeferMax.
-	idle, cancel := context.WithTimeout(ctx, backgroundDeferMax)
 	if !r.warm.Swap(true) {
-		r.warmUp(idle)
+		warm, cancel := context.WithTimeout(ctx, backgroundDeferMax)
+		r.warmUp(warm)
+		cancel()
 	}
+	idle, cancel := context.WithTimeout(ctx, backgroundDeferMax)
 	_ = r.Idle(idle)
 	cancel()
 	if err := ctx.Err(); err != nil {

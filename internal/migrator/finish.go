@@ -78,7 +78,7 @@ func (mg *migration) settle(ctx context.Context) error {
 // readWindowEnd reads the resourceVersion of now with one list of one
 // object, and keeps it as the end of the settle window unless one is kept.
 func (mg *migration) readWindowEnd(ctx context.Context) error {
-	list, _, err := mg.listPage(ctx, "", 1, false)
+	list, _, err := mg.listPage(ctx, "", 1, false, true)
 	if err != nil {
 		return err
 	}

@@ -62,7 +62,7 @@ func (mg *migration) list(ctx context.Context, token string, whole bool, pages c
 		err := mg.retryTransient(ctx, func() error {
 			var err error
 			listed = time.Now()
-			list, bodies, err = mg.listPage(ctx, token, limit, whole)
+			list, bodies, err = mg.listPage(ctx, token, limit, whole, true)
 			return err
 		})
 		if err != nil && classify(err) == transient && mg.mayIsolate() {
@@ -127,8 +127,11 @@ func (mg *migration) mayIsolate() bool {
 // that holds it when listed through a version it must be converted to, but
 // not when listed through the version it is still stored at. A continue
 // token is the same whichever version lists through it. A page listed
-// through a fallback version has no bodies: its objects are patched.
-func (mg *migration) listPage(ctx context.Context, token string, limit int64, whole bool) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
+// through a fallback version has no bodies: its objects are patched. With
+// elsewhere set, a page the usual API server does not answer in time may be
+// listed through another (listPromptly); without, only the usual server
+// answers, as evidence that it works.
+func (mg *migration) listPage(ctx context.Context, token string, limit int64, whole, elsewhere bool) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
 	listFirst := func(ctx context.Context) listFunc {
 		return listMetadata(ctx, mg.target.scope(mg.resource), limit)
 	}
@@ -139,7 +142,14 @@ func (mg *migration) listPage(ctx context.Context, token string, limit int64, wh
 			}
 		}
 	}
-	list, bodies, err := mg.listPromptly(ctx, token, limit, listFirst)
+	var list *metav1.PartialObjectMetadataList
+	var bodies []json.RawMessage
+	var err error
+	if elsewhere {
+		list, bodies, err = mg.listPromptly(ctx, token, limit, listFirst)
+	} else {
+		list, bodies, err = mg.listThrough(ctx, token, listFirst(ctx))
+	}
 	if err == nil || classify(err) != transient {
 		return list, bodies, err
 	}
@@ -162,16 +172,29 @@ func (mg *migration) listPage(ctx context.Context, token string, limit int64, wh
 // retries went on until the lag ended.
 const listAttemptTimeout = 5 * time.Second
 
+// viaPages is how many pages in a row go to the server listElsewhere found
+// before the usual one is tried again (its lag may have ended).
+const viaPages = 20
+
 // listPromptly lists one page with list, bounded by listAttemptTimeout when
-// restow can reach every API server at its own address, and, when that
-// fails for the time or the resourceVersion, through each of those
-// servers in turn (listElsewhere). Once every server took longer, pages are
-// no longer timed: a page that slow is the resource's, not a server's.
+// restow has two or more API server addresses and can verify them (whether
+// it reaches every server does not matter here: any server answers a list
+// from etcd), and, when that attempt runs out of time, is refused for the
+// resourceVersion, or fails without an answer from the server (a broken
+// connection, client-go's rate limiter refusing a wait past the deadline),
+// through each of those servers in turn (listElsewhere). Once that fails
+// too, pages are no longer timed for the rest of the migration: the
+// slowness is the resource's, or the addresses do not answer.
 func (mg *migration) listPromptly(ctx context.Context, token string, limit int64, list func(context.Context) listFunc) (*metav1.PartialObjectMetadataList, []json.RawMessage, error) {
 	if len(mg.target.APIServerAddresses) < 2 || !mg.m.verifiesServers() || mg.slowLists.Load() {
 		return mg.listThrough(ctx, token, list(ctx))
 	}
-	if mg.listVia.Load() != nil {
+	// A page listed elsewhere has no bodies, so it may hold a whole page
+	// (a one-object list stays one).
+	if limit > 1 {
+		limit = max(limit, mg.opts.PageSize)
+	}
+	if mg.listVia.Load() != nil && mg.viaPages.Add(1)%viaPages != 0 {
 		// A server answered where the usual one did not: the pages go
 		// there first while it answers.
 		if items, err := mg.listElsewhere(ctx, token, limit); err == nil {
@@ -182,14 +205,21 @@ func (mg *migration) listPromptly(ctx context.Context, token string, limit int64
 	attempt, cancel := context.WithTimeout(ctx, listAttemptTimeout)
 	defer cancel()
 	items, bodies, err := mg.listThrough(attempt, token, list(attempt))
-	if err == nil || ctx.Err() != nil || attempt.Err() == nil && !resourceVersionTooLarge(err) {
+	var status apierrors.APIStatus
+	if err == nil || ctx.Err() != nil || attempt.Err() == nil && !resourceVersionTooLarge(err) && errors.As(err, &status) {
+		if err == nil {
+			mg.listVia.Store(nil)
+		}
 		return items, bodies, err
 	}
-	klog.FromContext(ctx).V(1).Info("Listing the page through the API servers at their own addresses, since the usual one did not answer in time or its watch cache is behind etcd",
+	log := klog.FromContext(ctx)
+	log.V(1).Info("Listing the page through the API servers at their own addresses, since the usual one did not answer in time or its watch cache is behind etcd",
 		"error", Message(err))
-	if items, err := mg.listElsewhere(ctx, token, limit); err == nil {
+	items, err = mg.listElsewhere(ctx, token, limit)
+	if err == nil {
 		return items, nil, nil
 	}
+	log.V(1).Info("No page is timed any more in this migration: the API servers at their own addresses did not answer either", "error", Message(err))
 	mg.slowLists.Store(true)
 	return mg.listThrough(ctx, token, list(ctx))
 }
@@ -207,8 +237,10 @@ func resourceVersionTooLarge(err error) bool {
 	})
 }
 
-// listElsewhere lists one page's metadata through the API servers at their
-// own addresses, the one that last answered first, each bounded by
+// listElsewhere lists one page's metadata, never whole objects (a server
+// whose CRD informer lags would decode them with an old schema, and an
+// update would write that back), through the API servers at their own
+// addresses, the one that last answered first, each bounded by
 // listAttemptTimeout, for a page the usual client's server did not answer
 // in time or said its watch cache is behind etcd. Every server answers a
 // list from etcd's state (a consistent one, or one at a continue token's

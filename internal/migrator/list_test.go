@@ -2,7 +2,12 @@ package migrator
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestNextWholeLimit: pages of whole objects hold about wholePageBytes at
@@ -36,6 +41,30 @@ func TestNextWholeLimit(t *testing.T) {
 	} {
 		if got := nextWholeLimit(tc.pageSize, tc.limit, tc.bodies); got != tc.want {
 			t.Errorf("%s: limit %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestResourceVersionTooLarge: the answer of an API server whose watch
+// cache has not reached a list's resourceVersion (a 504 with the cause
+// kube-apiserver's storage layer sets) sends the page elsewhere; other
+// timeouts, a plain error and no error do not.
+func TestResourceVersionTooLarge(t *testing.T) {
+	tooLarge := apierrors.NewTimeoutError("Too large resource version: 4588, current: 2578", 1)
+	tooLarge.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: "Too large resource version"}}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"too large", tooLarge, true},
+		{"too large, wrapped", fmt.Errorf("listing: %w", tooLarge), true},
+		{"another timeout", apierrors.NewTimeoutError("the request timed out", 1), false},
+		{"no status", errors.New("connection reset"), false},
+		{"none", nil, false},
+	} {
+		if got := resourceVersionTooLarge(tc.err); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

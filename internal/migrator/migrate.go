@@ -166,6 +166,8 @@ type migration struct {
 	// listVia is the API server address a page was last listed through,
 	// when the usual server did not answer it in time.
 	listVia atomic.Pointer[string]
+	// viaPages counts the pages listed while listVia was set.
+	viaPages atomic.Int64
 	// isolated counts the pages taken apart to pass over an object that no
 	// served version lists (isolate.go).
 	isolated atomic.Int64

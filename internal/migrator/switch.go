@@ -361,8 +361,10 @@ func (m *Migrator) serverDiscovery(address string) (*clientdiscovery.DiscoveryCl
 	return actual.(*clientdiscovery.DiscoveryClient), nil
 }
 
-// serverMetadata is a metadata client of the API server at address, set
-// up as serverDiscovery's but without its short timeout: it lists pages.
+// serverMetadata is a metadata client of the API server at address,
+// verified as serverDiscovery's, without its short timeout (it lists pages)
+// and sharing Config's rate limiter. Its answers do not reach pace.Throttle:
+// a 429 from another server slows only its own page's retries.
 func (m *Migrator) serverMetadata(address string) (metadata.Interface, error) {
 	if c, ok := m.listers.Load(address); ok {
 		return c.(metadata.Interface), nil

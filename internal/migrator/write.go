@@ -187,7 +187,7 @@ func (mg *migration) failsAlone(ctx context.Context, successesBefore int64) bool
 	case retrying > 0:
 		return false
 	}
-	_, _, err := mg.listPage(ctx, "", 1, false)
+	_, _, err := mg.listPage(ctx, "", 1, false, false)
 	return err == nil
 }
 
