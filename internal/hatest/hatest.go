@@ -161,8 +161,21 @@ func resolveBehindLag(ctx context.Context, t *testing.T, ha *testenv.Env, tc Lag
 		t.Fatal(err)
 	}
 	m.LagBound, m.LagLimit = tc.LagBound, tc.LagLimit
+	target := resolveOnceReady(ctx, t, m, fx)
+	t.Logf("Resolve: %d API servers (%s) at %v, waits at most %s", target.APIServers, target.APIServerSignals, target.APIServerAddresses, target.LagWait)
+	if target.APIServers != tc.Servers || len(target.APIServerAddresses) != tc.Addresses || target.LagWait != tc.LagBound {
+		t.Fatalf("Resolve counted %d API servers (%s) at %v and waits at most %s; want %d, %d addresses and the lag bound %s",
+			target.APIServers, target.APIServerSignals, target.APIServerAddresses, target.LagWait, tc.Servers, tc.Addresses, tc.LagBound)
+	}
+	return m, target
+}
+
+// resolveOnceReady resolves fx's resource with m, looking again every
+// 100 ms while Resolve says to wait, for up to a minute.
+func resolveOnceReady(ctx context.Context, t *testing.T, m *migrator.Migrator, fx testenv.Fixture) migrator.Target {
+	t.Helper()
 	var target migrator.Target
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		var err error
 		target, err = m.Resolve(ctx, schema.GroupResource{Group: fx.Group, Resource: fx.Plural})
 		var waiting *migrator.WaitError
@@ -174,12 +187,7 @@ func resolveBehindLag(ctx context.Context, t *testing.T, ha *testenv.Env, tc Lag
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Resolve: %d API servers (%s) at %v, waits at most %s", target.APIServers, target.APIServerSignals, target.APIServerAddresses, target.LagWait)
-	if target.APIServers != tc.Servers || len(target.APIServerAddresses) != tc.Addresses || target.LagWait != tc.LagBound {
-		t.Fatalf("Resolve counted %d API servers (%s) at %v and waits at most %s; want %d, %d addresses and the lag bound %s",
-			target.APIServers, target.APIServerSignals, target.APIServerAddresses, target.LagWait, tc.Servers, tc.Addresses, tc.LagBound)
-	}
-	return m, target
+	return target
 }
 
 // lagRun is what one migration behind a lagging server did.
@@ -284,17 +292,7 @@ func MigrateBehindLaggingCache(t *testing.T, ha *testenv.Env, group string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var target migrator.Target
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		target, err = m.Resolve(ctx, schema.GroupResource{Group: fx.Group, Resource: fx.Plural})
-		var waiting *migrator.WaitError
-		if errors.As(err, &waiting) {
-			return false, nil
-		}
-		return err == nil, err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	target := resolveOnceReady(ctx, t, m, fx)
 	defer waitCaughtUp(t, ha, fx)
 	var (
 		mu        sync.Mutex
