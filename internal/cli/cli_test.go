@@ -53,13 +53,19 @@ func restowUntil(ctx context.Context, t *testing.T, args ...string) (stdout, std
 // restowOn runs kubectl-restow as restow does, against control plane e.
 func restowOn(ctx context.Context, t *testing.T, e *testenv.Env, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := e.WriteKubeconfig(kubeconfig); err != nil {
 		t.Fatal(err)
 	}
+	return restowWith(ctx, t, kubeconfig, args...)
+}
+
+// restowWith runs kubectl-restow as restow does, with the kubeconfig file
+// given.
+func restowWith(ctx context.Context, t *testing.T, kubeconfig string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	args = append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(dir, "cache")}, args...)
+	args = append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(t.TempDir(), "cache")}, args...)
 	code = cli.Execute(ctx, args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
 	t.Logf("kubectl restow %s: exit %d\n%s%s", strings.Join(args[4:], " "), code, out.String(), errOut.String())
 	return out.String(), errOut.String(), code

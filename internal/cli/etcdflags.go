@@ -37,6 +37,7 @@ func (o *etcdFlags) add(flags *pflag.FlagSet) {
 	flags.StringVar(&o.cert, "etcd-cert", "", "Client certificate for etcd, as etcdctl's --cert.")
 	flags.StringVar(&o.key, "etcd-key", "", "Client certificate's key for etcd, as etcdctl's --key.")
 	flags.StringVar(&o.scan.Prefix, "etcd-prefix", verify.DefaultPrefix, "The API server's --etcd-prefix.")
+	flags.BoolVar(&o.scan.SharedEtcd, "etcd-shared", false, "This etcd holds other clusters' keys too, some under --etcd-prefix: accept more keys there than the API lists, the prefix proven by the first object the API lists being there at its own revision.")
 	flags.DurationVar(&o.connectTimeout, "etcd-dial-timeout", 5*time.Second, "How long to wait for etcd to answer.")
 }
 

@@ -14,7 +14,6 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/util/retry"
@@ -159,6 +158,9 @@ type verifiedResource struct {
 
 type verifyOutput struct {
 	Resources []verifiedResource `json:"resources"`
+	// LeftOut are the group versions --all did not read: served by an
+	// aggregated API server whose discovery failed.
+	LeftOut []leftOut `json:"leftOut,omitempty"`
 	// Expect and Match are set for a gate.
 	Expect *verifyExpect `json:"expect,omitempty"`
 	Match  *bool         `json:"match,omitempty"`
@@ -170,12 +172,12 @@ type verifyExpect struct {
 }
 
 func runVerify(ctx context.Context, c *clients, etcd verify.Reader, streams genericiooptions.IOStreams, args []string, opts verifyOptions) error {
-	targets, err := verifyTargets(ctx, c, args, opts.all)
+	targets, left, err := verifyTargets(ctx, c, args, opts.all)
 	if err != nil {
 		return err
 	}
 	opts.scan.ExpectKey = opts.expect.Key
-	out := verifyOutput{}
+	out := verifyOutput{LeftOut: left}
 	gate := opts.expect.Version != "" || opts.expect.Key.Given != ""
 	match, danger, unaccounted := true, false, false
 	var refused []string
@@ -233,8 +235,8 @@ func tooLargeResourceVersion(err error) bool {
 // revision: a list of one object at exactly that revision, whose remaining
 // item count is the rest. The watch cache may answer that the revision is
 // not yet in its view; it catches up within seconds.
-func (c *clients) apiCount(gvk schema.GroupVersionKind) func(context.Context, int64) (int64, string, error) {
-	return func(ctx context.Context, revision int64) (int64, string, error) {
+func (c *clients) apiCount(gvk schema.GroupVersionKind) func(context.Context, int64) (verify.APIListing, error) {
+	return func(ctx context.Context, revision int64) (verify.APIListing, error) {
 		list := &metav1.PartialObjectMetadataList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 		opts := &client.ListOptions{Limit: 1}
@@ -246,23 +248,27 @@ func (c *clients) apiCount(gvk schema.GroupVersionKind) func(context.Context, in
 		})
 		switch {
 		case tooLargeResourceVersion(err) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
-			return 0, "", fmt.Errorf("%w: listing %s at revision %d: %s", verify.ErrRevisionNotInAPI, gvk.GroupVersion(), revision, apierrors.ReasonForError(err))
+			return verify.APIListing{}, fmt.Errorf("%w: listing %s at revision %d: %s", verify.ErrRevisionNotInAPI, gvk.GroupVersion(), revision, apierrors.ReasonForError(err))
 		case err != nil:
-			return 0, "", fmt.Errorf("listing %s: %w", gvk.GroupVersion(), err)
+			return verify.APIListing{}, fmt.Errorf("listing %s: %w", gvk.GroupVersion(), err)
 		}
-		n, first := int64(len(list.Items)), ""
-		if n > 0 {
-			first = list.Items[0].Name
-			if ns := list.Items[0].Namespace; ns != "" {
-				first = ns + "/" + first
+		listing := verify.APIListing{Count: int64(len(list.Items))}
+		if len(list.Items) > 0 {
+			first := list.Items[0]
+			listing.First = first.Name
+			if first.Namespace != "" {
+				listing.First = first.Namespace + "/" + first.Name
+			}
+			if listing.FirstRevision, err = strconv.ParseInt(first.ResourceVersion, 10, 64); err != nil {
+				return verify.APIListing{}, fmt.Errorf("listing %s: %s has resourceVersion %q, not an etcd revision", gvk.GroupVersion(), listing.First, first.ResourceVersion)
 			}
 		}
 		if list.RemainingItemCount != nil {
-			n += *list.RemainingItemCount
+			listing.Count += *list.RemainingItemCount
 		} else if list.Continue != "" {
-			return 0, "", fmt.Errorf("listing %s: the API gave no remaining item count", gvk.GroupVersion())
+			return verify.APIListing{}, fmt.Errorf("%w: listing %s gave no remainingItemCount", verify.ErrNoAPICount, gvk.GroupVersion())
 		}
-		return n, first, nil
+		return listing, nil
 	}
 }
 
@@ -278,36 +284,36 @@ func expectation(e verify.Expectations) string {
 }
 
 // verifyTargets resolves the arguments, or with --all every resource that
-// discovery shows can be listed and updated, and reads what the API says of
-// each.
-func verifyTargets(ctx context.Context, c *clients, args []string, all bool) ([]verifyTarget, error) {
+// discovery shows can be listed and updated (and the group versions left
+// out: verifyresources.go), and reads what the API says of each.
+func verifyTargets(ctx context.Context, c *clients, args []string, all bool) ([]verifyTarget, []leftOut, error) {
 	crds := &apiextensionsv1.CustomResourceDefinitionList{}
 	if err := c.client.List(ctx, crds); err != nil {
-		return nil, fmt.Errorf("listing CRDs: %w", err)
+		return nil, nil, fmt.Errorf("listing CRDs: %w", err)
 	}
 	byResource := map[schema.GroupResource]*apiextensionsv1.CustomResourceDefinition{}
 	for i := range crds.Items {
 		crd := &crds.Items[i]
 		byResource[schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}] = crd
 	}
+	aggregated, err := aggregatedGroups(ctx, c.client)
+	if err != nil {
+		return nil, nil, err
+	}
 	var grs []schema.GroupResource
+	var left []leftOut
 	if all {
-		var err error
-		if grs, err = storedResources(c); err != nil {
-			return nil, err
+		if grs, left, err = storedResources(ctx, c, aggregated); err != nil {
+			return nil, nil, err
 		}
 	} else {
 		for _, arg := range args {
 			gr, err := c.resolveResource(arg)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			grs = append(grs, gr)
 		}
-	}
-	aggregated, err := aggregatedGroups(ctx, c.client)
-	if err != nil {
-		return nil, err
 	}
 	targets := make([]verifyTarget, 0, len(grs))
 	for _, gr := range grs {
@@ -315,19 +321,19 @@ func verifyTargets(ctx context.Context, c *clients, args []string, all bool) ([]
 		if crd := byResource[gr]; crd != nil {
 			t.api.Kind = crd.Spec.Names.Kind
 			t.api.CRD = crdView(crd)
-		} else if aggregated[gr.Group] {
+		} else if aggregated.groups[gr.Group] {
 			t.skip = "served by an aggregated API server: not stored in this etcd"
 		}
 		if t.skip == "" {
 			listed, err := c.discoverStorage(gr, &t.api)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			t.listed = listed
 		}
 		targets = append(targets, t)
 	}
-	return targets, nil
+	return targets, left, nil
 }
 
 func crdView(crd *apiextensionsv1.CustomResourceDefinition) *verify.CRDView {
@@ -367,55 +373,6 @@ func (c *clients) discoverStorage(gr schema.GroupResource, api *verify.APIView) 
 	return mapping.GroupVersionKind, nil
 }
 
-// storedResources are the resources --all covers: every one discovery shows
-// with the list and update verbs (those etcd stores and a pass can
-// rewrite), subresources left out.
-func storedResources(c *clients) ([]schema.GroupResource, error) {
-	lists, err := c.migrator.Discovery.ServerPreferredResources()
-	if err != nil && len(lists) == 0 {
-		return nil, fmt.Errorf("discovery: %w", err)
-	}
-	seen := map[schema.GroupResource]bool{}
-	var out []schema.GroupResource
-	for _, list := range lists {
-		gv, err := schema.ParseGroupVersion(list.GroupVersion)
-		if err != nil {
-			continue
-		}
-		for _, r := range list.APIResources {
-			gr := schema.GroupResource{Group: gv.Group, Resource: r.Name}
-			if strings.Contains(r.Name, "/") || seen[gr] || !slices.Contains(r.Verbs, "list") || !slices.Contains(r.Verbs, "update") {
-				continue
-			}
-			seen[gr] = true
-			out = append(out, gr)
-		}
-	}
-	slices.SortFunc(out, func(a, b schema.GroupResource) int { return strings.Compare(a.String(), b.String()) })
-	return out, nil
-}
-
-// aggregatedGroups are the API groups that APIServices send to another
-// server: their objects are not in this etcd.
-func aggregatedGroups(ctx context.Context, c client.Client) (map[string]bool, error) {
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIServiceList"})
-	if err := c.List(ctx, list); err != nil {
-		if apierrors.IsForbidden(err) || apierrors.IsNotFound(err) {
-			return map[string]bool{}, nil
-		}
-		return nil, fmt.Errorf("listing APIServices: %w", err)
-	}
-	out := map[string]bool{}
-	for _, item := range list.Items {
-		if service, _, _ := unstructured.NestedMap(item.Object, "spec", "service"); service != nil {
-			group, _, _ := unstructured.NestedString(item.Object, "spec", "group")
-			out[group] = true
-		}
-	}
-	return out, nil
-}
-
 // printVerify prints one block per resource: what etcd holds, what the API
 // says, and the verdict.
 func printVerify(w io.Writer, out verifyOutput) {
@@ -448,6 +405,9 @@ func printVerify(w io.Writer, out verifyOutput) {
 		for _, m := range r.Mismatches {
 			fmt.Fprintf(w, "  MISMATCH: %s\n", m)
 		}
+	}
+	for _, l := range out.LeftOut {
+		fmt.Fprintf(w, "\n%s: left out: %s\n", l.GroupVersion, l.Reason)
 	}
 	if out.Match != nil {
 		verdict := "every object matches"

@@ -61,12 +61,28 @@ type ScanOptions struct {
 	// Report.NotUnderKey (see ParseKey).
 	ExpectKey KeyWant
 	// APICount is the API's count of the resource's objects at an etcd
-	// revision (0: now), with the first object it lists
-	// ([<namespace>/]<name>), or ErrRevisionNotInAPI if the API's etcd has
-	// no such revision. The scan asks it at the revision it reads, so that
-	// etcd's count is held against the API's with no tolerance. Without it
-	// the scan is held against nothing, and Judge says so.
-	APICount func(ctx context.Context, revision int64) (count int64, first string, err error)
+	// revision (0: now), with the first object it lists, or
+	// ErrRevisionNotInAPI if the API's etcd has no such revision, or
+	// ErrNoAPICount if the API did not say how many it holds. The scan asks
+	// it at the revision it reads, so that etcd's count is held against the
+	// API's with no tolerance. Without it the scan is held against nothing,
+	// and Judge says so.
+	APICount func(ctx context.Context, revision int64) (APIListing, error)
+	// SharedEtcd says that the etcd read holds other clusters' keys too,
+	// some under this prefix: etcd may then hold more keys under it than
+	// the API lists, and what proves the prefix is the first object the API
+	// lists, found under it at its own revision (Judge).
+	SharedEtcd bool
+}
+
+// APIListing is the API's count of a resource at one etcd revision.
+type APIListing struct {
+	Count int64
+	// First is the first object listed ([<namespace>/]<name>), and
+	// FirstRevision its resourceVersion: the etcd revision its key was
+	// last written at.
+	First         string
+	FirstRevision int64
 }
 
 // PageValues is the most values a page of a scan with these options holds:
@@ -127,6 +143,17 @@ type Report struct {
 	// both list in key order, so the same etcd names the same one.
 	APIFirst  string `json:"apiFirst,omitempty"`
 	EtcdFirst string `json:"etcdFirst,omitempty"`
+	// APIFirstRevision is the resourceVersion of APIFirst, and
+	// APIFirstInEtcd the revision etcd last wrote its key under KeyPrefix
+	// at, as of Revision (0: etcd holds no such key). In one etcd a
+	// revision is one write of one key: equal, they are the same key.
+	APIFirstRevision int64 `json:"apiFirstRevision,omitempty"`
+	APIFirstInEtcd   int64 `json:"apiFirstInEtcd,omitempty"`
+	// APICountUnknown says the API listed the resource without saying how
+	// many objects it holds (no remainingItemCount).
+	APICountUnknown bool `json:"apiCountUnknown,omitempty"`
+	// SharedEtcd is ScanOptions.SharedEtcd.
+	SharedEtcd bool `json:"sharedEtcd,omitempty"`
 	// Versions counts objects by the apiVersion they are encoded at;
 	// encrypted values count under EncryptedVersion, values that cannot be
 	// classified under UnknownVersion.
@@ -183,7 +210,7 @@ func Scan(ctx context.Context, etcd Reader, gr schema.GroupResource, crd bool, o
 	prefix := KeyPrefix(opts.Prefix, gr, crd)
 	s := &scan{etcd: etcd, end: clientv3.GetPrefixRangeEnd(prefix), pageValues: pageValues, limiter: limiter, opts: opts}
 	s.report = &Report{
-		Resource: gr, KeyPrefix: prefix, Snapshot: true,
+		Resource: gr, KeyPrefix: prefix, Snapshot: true, SharedEtcd: opts.SharedEtcd,
 		Versions: map[string]*Count{}, Keys: map[string]*Count{}, Encodings: map[Encoding]int{},
 		expectKey: opts.ExpectKey,
 	}
@@ -198,6 +225,9 @@ func Scan(ctx context.Context, etcd Reader, gr schema.GroupResource, crd bool, o
 	r.Revision, r.KeysAtRevision = first.Header.Revision, first.Count
 	if opts.APICount != nil {
 		r.holdAgainstAPI(ctx, opts.APICount)
+		if err := s.findAPIFirst(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if first.Count == 0 {
 		return r, nil
@@ -229,25 +259,54 @@ func Scan(ctx context.Context, etcd Reader, gr schema.GroupResource, crd bool, o
 // does not have: a later one than it holds, or one it compacted.
 var ErrRevisionNotInAPI = errors.New("the API's etcd has no such revision")
 
+// ErrNoAPICount is APICount's error for a list that did not say how many
+// objects the API holds (no remainingItemCount): its count is not known.
+var ErrNoAPICount = errors.New("the API gave no count")
+
+// findAPIFirst reads, at the report's revision, the key of the first object
+// the API listed there: the revision etcd last wrote it at.
+func (s *scan) findAPIFirst(ctx context.Context) error {
+	r := s.report
+	if r.APIFirst == "" || r.APIFirstRevision == 0 {
+		return nil
+	}
+	resp, err := s.etcd.Get(ctx, r.KeyPrefix+r.APIFirst, clientv3.WithRev(r.Revision), clientv3.WithKeysOnly())
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		// The read is of no one moment now; Judge says so.
+		r.Snapshot = false
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the key of %s under %s: %w", r.APIFirst, r.KeyPrefix, err)
+	}
+	if len(resp.Kvs) == 1 {
+		r.APIFirstInEtcd = resp.Kvs[0].ModRevision
+	}
+	return nil
+}
+
 // holdAgainstAPI asks the API for its count at the report's revision. An
 // empty read is held against the API's count now too: an etcd that is not
 // the API's can be empty at a revision the API's etcd was empty at too.
-func (r *Report) holdAgainstAPI(ctx context.Context, count func(context.Context, int64) (int64, string, error)) {
-	n, first, err := count(ctx, r.Revision)
+func (r *Report) holdAgainstAPI(ctx context.Context, count func(context.Context, int64) (APIListing, error)) {
+	listing, err := count(ctx, r.Revision)
 	switch {
 	case errors.Is(err, ErrRevisionNotInAPI):
 		r.APIRevisionUnknown, r.APIError = true, err.Error()
+		return
+	case errors.Is(err, ErrNoAPICount):
+		r.APICountUnknown, r.APIError = true, err.Error()
 		return
 	case err != nil:
 		r.APIError = err.Error()
 		return
 	}
-	r.APIObjects, r.APIFirst = &n, first
-	if r.KeysAtRevision == 0 && n == 0 {
-		if now, _, err := count(ctx, 0); err != nil {
+	r.APIObjects, r.APIFirst, r.APIFirstRevision = &listing.Count, listing.First, listing.FirstRevision
+	if r.KeysAtRevision == 0 && listing.Count == 0 {
+		if now, err := count(ctx, 0); err != nil {
 			r.APIError = err.Error()
 		} else {
-			r.APIObjectsNow = &now
+			r.APIObjectsNow = &now.Count
 		}
 	}
 }

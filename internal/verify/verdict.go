@@ -123,6 +123,10 @@ func (j *Judgement) accounted(r *Report) bool {
 		j.add(Unaccounted, "the API could not list this resource at revision %d, the revision this read of etcd was at (%s): the API server keeps it in another etcd. Check --etcd-endpoints (a resource in the API server's --etcd-servers-overrides is kept in another etcd)",
 			r.Revision, r.APIError)
 		return false
+	case r.APICountUnknown:
+		j.add(Unaccounted, "cannot tell: the API listed this resource at revision %d without saying how many objects it holds (%s), so etcd's %d keys under %s are held against no count: nothing is proven",
+			r.Revision, r.APIError, r.KeysAtRevision, r.KeyPrefix)
+		return false
 	case r.APIError != "":
 		j.add(Danger, "the API could not list this resource at etcd's revision %d (%s), while etcd holds %s under %s: if no version the API serves can read them, they are lost to the API; serve a version they are stored at, and check that --etcd-endpoints is the etcd the API server keeps this resource in",
 			r.Revision, r.APIError, objects(int(r.KeysAtRevision)), r.KeyPrefix)
@@ -140,7 +144,19 @@ func (j *Judgement) accounted(r *Report) bool {
 	case r.Objects != int(r.KeysAtRevision):
 		j.add(Unaccounted, "this read counted %s under %s, but etcd held %d keys there at revision %d: run verify again", objects(r.Objects), r.KeyPrefix, r.KeysAtRevision, r.Revision)
 		return false
-	case r.APIFirst != "" && r.EtcdFirst != "" && r.APIFirst != r.EtcdFirst:
+	case r.KeysAtRevision > *r.APIObjects && !r.SharedEtcd:
+		j.add(Unaccounted, "etcd holds %d keys under %s at revision %d, but the API lists %s at that revision: these keys are not all this API server's (another cluster's prefix in a shared etcd holds more). Check --etcd-prefix; if this etcd is shared and the prefix holds other keys by design, say so with --etcd-shared",
+			r.KeysAtRevision, r.KeyPrefix, r.Revision, objects(int(*r.APIObjects)))
+		return false
+	case r.APIFirstRevision != 0 && r.APIFirstInEtcd != r.APIFirstRevision:
+		j.add(Unaccounted, "the first object the API lists at revision %d, %s, was last written at revision %d, but %s: this is not the etcd, or the prefix, the API server keeps this resource in. Check --etcd-prefix and --etcd-endpoints",
+			r.Revision, r.APIFirst, r.APIFirstRevision, firstInEtcd(r))
+		return false
+	case r.KeysAtRevision > *r.APIObjects && r.APIFirstRevision == 0:
+		j.add(Unaccounted, "etcd holds %d keys under %s at revision %d, but the API lists %s: with --etcd-shared the prefix is proven by the first object the API lists, and it lists none. Check --etcd-prefix",
+			r.KeysAtRevision, r.KeyPrefix, r.Revision, objects(int(*r.APIObjects)))
+		return false
+	case r.APIFirst != "" && r.EtcdFirst != "" && r.APIFirst != r.EtcdFirst && !r.SharedEtcd:
 		j.add(Unaccounted, "the first object etcd holds under %s is %s, but the first the API lists at revision %d is %s: this is not the etcd, or the prefix, the API server keeps this resource in. Check --etcd-prefix and --etcd-endpoints",
 			r.KeyPrefix, r.EtcdFirst, r.Revision, r.APIFirst)
 		return false
@@ -149,9 +165,18 @@ func (j *Judgement) accounted(r *Report) bool {
 			r.KeyPrefix, r.Revision, objects(int(*r.APIObjectsNow)))
 		return false
 	case r.KeysAtRevision > *r.APIObjects:
-		j.add(CannotTell, "etcd holds %d keys under %s at revision %d, the API lists %s at that revision: etcd holds keys the API does not show", r.KeysAtRevision, r.KeyPrefix, r.Revision, objects(int(*r.APIObjects)))
+		j.add(CannotTell, "etcd holds %d keys under %s at revision %d, the API lists %s at that revision (--etcd-shared): the first object the API lists is under this prefix at its own revision, and the %d keys the API does not show are counted too",
+			r.KeysAtRevision, r.KeyPrefix, r.Revision, objects(int(*r.APIObjects)), r.KeysAtRevision-*r.APIObjects)
 	}
 	return true
+}
+
+// firstInEtcd says what etcd holds at the key of the API's first object.
+func firstInEtcd(r *Report) string {
+	if r.APIFirstInEtcd == 0 {
+		return fmt.Sprintf("etcd holds no key %s%s at that revision", r.KeyPrefix, r.APIFirst)
+	}
+	return fmt.Sprintf("etcd's key %s%s was last written at revision %d", r.KeyPrefix, r.APIFirst, r.APIFirstInEtcd)
 }
 
 // judgeKey holds the objects against --expect-key. A key named ambiguously

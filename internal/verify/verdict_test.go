@@ -32,6 +32,16 @@ func counted(etcd int64, api *int64, apiError string) *Report {
 	return r
 }
 
+// shared marks r as read with --etcd-shared: the API's first object, ns/a,
+// was written at apiRevision, and etcd's key of it at etcdRevision.
+func shared(r *Report, apiRevision, etcdRevision int64) *Report {
+	r.SharedEtcd = true
+	if apiRevision != 0 {
+		r.APIFirst, r.EtcdFirst, r.APIFirstRevision, r.APIFirstInEtcd = "ns/a", "ns/0", apiRevision, etcdRevision
+	}
+	return r
+}
+
 // widgets is a CRD whose storage version is v1.
 func widgets(stored ...string) APIView {
 	return APIView{Group: "example.com", Kind: "Widget", CRD: &CRDView{
@@ -175,10 +185,49 @@ func TestJudge(t *testing.T) {
 			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
 		},
 		{
-			name:     "more keys in etcd than the API lists",
-			report:   counted(4, ptr.To[int64](3), ""),
+			name:       "more keys in etcd than the API lists",
+			report:     counted(4, ptr.To[int64](3), ""),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: etcd holds 4 keys under /kubernetes.io/example.com/widgets/ at revision 7, but the API lists 3 objects at that revision: these keys are not all this API server's"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name:     "more keys in a shared etcd, the first object the API lists found at its revision",
+			report:   shared(counted(4, ptr.To[int64](3), ""), 5, 5),
 			api:      widgets("v1"),
-			findings: []string{"cannot-tell: etcd holds 4 keys under /kubernetes.io/example.com/widgets/ at revision 7, the API lists 3 objects", "ok: safe to remove v1beta1", "ok: 4 objects stored at v1"},
+			findings: []string{"cannot-tell: etcd holds 4 keys under /kubernetes.io/example.com/widgets/ at revision 7, the API lists 3 objects at that revision (--etcd-shared)", "ok: safe to remove v1beta1", "ok: 4 objects stored at v1"},
+		},
+		{
+			name:       "a shared etcd, the first object the API lists written at another revision there",
+			report:     shared(counted(4, ptr.To[int64](3), ""), 5, 6),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: the first object the API lists at revision 7, ns/a, was last written at revision 5, but etcd's key /kubernetes.io/example.com/widgets/ns/a was last written at revision 6"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name:       "a shared etcd, the first object the API lists not there",
+			report:     shared(counted(4, ptr.To[int64](3), ""), 5, 0),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: the first object the API lists at revision 7, ns/a, was last written at revision 5, but etcd holds no key /kubernetes.io/example.com/widgets/ns/a"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name:       "a shared etcd whose prefix holds keys where the API lists none",
+			report:     shared(counted(2, ptr.To[int64](0), ""), 0, 0),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: etcd holds 2 keys under /kubernetes.io/example.com/widgets/ at revision 7, but the API lists 0 objects: with --etcd-shared the prefix is proven by the first object the API lists, and it lists none"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
+			name: "the API gave no count",
+			report: func() *Report {
+				r := counted(3, nil, "the API gave no count: listing example.com/v1 gave no remainingItemCount")
+				r.APICountUnknown = true
+				return r
+			}(),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: cannot tell: the API listed this resource at revision 7 without saying how many objects it holds"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
