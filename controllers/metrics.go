@@ -48,6 +48,10 @@ var (
 		Name: "restow_migration_stalled",
 		Help: "1 while a StorageMigration's Stalled condition is True (a pass that ended Stalled, or a resource found before any pass that cannot be migrated as asked), else 0.",
 	}, []string{"storagemigration", "resource"})
+	baselineUnprovenGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "restow_baseline_unproven",
+		Help: "1 while a StorageMigration's baseline was recorded when restow could not read every API server (status.baseline.unproven): restow does not know that every object is stored at it. A pass replaces it once every API server can be read, or on kubectl restow migrate. No shipped alert fires on it.",
+	}, []string{"storagemigration", "resource"})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "restow_build_info",
 		Help: "Always 1; its labels tell the running manager's version, source revision and Go version.",
@@ -57,7 +61,7 @@ var (
 func init() {
 	info := version.Get()
 	buildInfo.WithLabelValues(info.Version, info.GitCommit, info.GoVersion).Set(1)
-	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesRunning, passesTotal, passDuration, storedVersionsPrunes, migrationStalled, buildInfo)
+	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesRunning, passesTotal, passDuration, storedVersionsPrunes, migrationStalled, baselineUnprovenGauge, buildInfo)
 }
 
 // runEnd is the end of a run, as the metrics count it.
@@ -108,19 +112,24 @@ func setRunning(resource string, progress *migrator.Progress) {
 	passConcurrency.WithLabelValues(resource).Set(pace)
 }
 
-// recordStalled sets restow_migration_stalled of sm from the condition out
-// writes.
-func recordStalled(sm *migrationv1alpha1.StorageMigration, out outcome) {
-	stalled := 0.0
+// recordGauges sets restow_migration_stalled of sm from the condition out
+// writes, and restow_baseline_unproven from its status.
+func recordGauges(sm *migrationv1alpha1.StorageMigration, out outcome) {
+	stalled, unproven := 0.0, 0.0
 	if out.condition == conditionStalled {
 		stalled = 1
 	}
+	if sm.Status.Baseline != nil && sm.Status.Baseline.Unproven != "" {
+		unproven = 1
+	}
 	resource := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}.String()
 	migrationStalled.WithLabelValues(sm.Name, resource).Set(stalled)
+	baselineUnprovenGauge.WithLabelValues(sm.Name, resource).Set(unproven)
 }
 
-// forgetStalled drops restow_migration_stalled of a StorageMigration that
-// is gone, so that no alert fires for it.
-func forgetStalled(name string) {
+// forgetGauges drops the gauges of a StorageMigration that is gone, so that
+// no alert fires for it.
+func forgetGauges(name string) {
 	migrationStalled.DeletePartialMatch(prometheus.Labels{"storagemigration": name})
+	baselineUnprovenGauge.DeletePartialMatch(prometheus.Labels{"storagemigration": name})
 }

@@ -70,31 +70,81 @@ func firstSight(sm *migrationv1alpha1.StorageMigration, target migrator.Target) 
 
 // recordBaseline is the outcome of a StorageMigration that skips its first
 // pass while nothing moved: at first sight, the storage version the API
-// servers store at now (every one, by Resolve) is recorded, and nothing is
+// servers store at now is recorded (firstBaseline), and nothing is
 // rewritten; after, the baseline is kept. Without a storageVersionHash
-// restow cannot tell when the storage version changes, and says so.
+// restow cannot tell when the storage version changes, and says so. A
+// baseline not every API server showed says so too, in Ready's reason
+// BaselineUnproven: nothing is under way, and it is no failure.
 func recordBaseline(sm *migrationv1alpha1.StorageMigration, target migrator.Target) outcome {
 	gr := target.Resource.GroupResource()
 	var out outcome
 	if target.StorageVersionHash == "" {
 		out = ready(fmt.Sprintf("Nothing rewritten (spec.firstPass: Skip): discovery publishes no storageVersionHash for %s, so restow cannot tell when its storage version changes; request a pass with the re-run annotation (kubectl restow migrate)", gr))
 	} else {
-		version := target.StorageVersion
-		if version == "" {
-			version = "the version of storageVersionHash " + target.StorageVersionHash
-		}
-		out = ready(fmt.Sprintf("Baseline recorded, nothing rewritten (spec.firstPass: Skip): the API servers store %s at %s; restow takes every object to be stored there, and re-stores them once the storage version changes", gr, version))
 		baseline := sm.Status.Baseline
 		if baseline == nil {
-			baseline = &migrationv1alpha1.StorageBaseline{
-				StorageVersion: target.StorageVersion, StorageVersionHash: target.StorageVersionHash, RecordedAt: metav1.Now(),
-			}
+			baseline = firstBaseline(sm, target)
+		}
+		version := baseline.StorageVersion
+		if version == "" {
+			version = "the version of storageVersionHash " + baseline.StorageVersionHash
+		}
+		out = ready(fmt.Sprintf("Baseline recorded, nothing rewritten (spec.firstPass: Skip): the API servers store %s at %s; restow takes every object to be stored there, and re-stores them once the storage version changes", gr, version))
+		if baseline.Unproven != "" {
+			out.reason = migrationv1alpha1.BaselineUnprovenReason
+			out.message = fmt.Sprintf("Baseline recorded, nothing rewritten (spec.firstPass: Skip), and not proven: the API servers restow read store %s at %s, but %s, so objects may be stored at another version. A pass re-stores every object once restow reads every API server; where it never can (a managed control plane), run kubectl restow migrate %s once the control plane is upgraded",
+				gr, version, baseline.Unproven, gr)
 		}
 		out.status.baseline = set(baseline)
 	}
 	out.status.observedGeneration = set(sm.Generation)
 	out.status.targetVersion = set(target.TargetVersion())
 	return out
+}
+
+// firstBaseline is the baseline of sm's resource at first sight: the
+// storage version the API servers restow read store at now, unproven
+// (baselineUnproven) unless every one of them showed it.
+func firstBaseline(sm *migrationv1alpha1.StorageMigration, target migrator.Target) *migrationv1alpha1.StorageBaseline {
+	return &migrationv1alpha1.StorageBaseline{
+		StorageVersion: target.StorageVersion, StorageVersionHash: target.StorageVersionHash, RecordedAt: metav1.Now(),
+		Unproven: baselineUnproven(sm, target),
+	}
+}
+
+// baselineUnproven says why a first baseline taken now is not one every API
+// server showed; "" when it is. The trigger's stamp of its first sight
+// (FirstSeenHashAnnotation) is every server's word, so a baseline of that
+// hash is proven (one of another hash is no baseline: firstSight). Without
+// a stamp, the baseline is restow's own read now, proven only where it
+// reads every server; and a StorageMigration the trigger made without a
+// stamp was made while it could not: the resource's first sight went
+// unproven, and an upgrade may have come between it and this read.
+func baselineUnproven(sm *migrationv1alpha1.StorageMigration, target migrator.Target) string {
+	switch {
+	case sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation] != "":
+		return ""
+	case target.ServersUnseen != "":
+		return "restow could not read every API server when it recorded it (" + target.ServersUnseen + ")"
+	case sm.Labels[migrationv1alpha1.AutomaticLabel] == "true" && sm.Labels[migrationv1alpha1.BuiltInLabel] == "true":
+		return "restow could not read every API server when it first saw the resource and made this StorageMigration, and the storage version may have moved since"
+	}
+	return ""
+}
+
+// unprovenBaselineReplaced says why a StorageMigration whose baseline is
+// unproven runs a pass now: restow reads every API server. The pass
+// rewrites every object, whatever version it is stored at, so objects at
+// a version restow never saw are re-stored too. "" otherwise.
+func unprovenBaselineReplaced(baseline *migrationv1alpha1.StorageBaseline, target migrator.Target) string {
+	if baseline == nil || baseline.Unproven == "" || target.ServersUnseen != "" {
+		return ""
+	}
+	from := baseline.StorageVersion
+	if from == "" {
+		from = "storageVersionHash " + baseline.StorageVersionHash
+	}
+	return fmt.Sprintf("the baseline (%s) was recorded while restow could not read every API server; it reads every one now, and re-stores every object at %s", from, target.TargetVersion())
 }
 
 // migrationNeeded says why the resource needs a migration, or returns "".
@@ -111,6 +161,8 @@ func migrationNeeded(sm *migrationv1alpha1.StorageMigration, target migrator.Tar
 		return "a re-run was requested"
 	case encryptionRotated(sm, target) != "":
 		return encryptionRotated(sm, target)
+	case last == nil && unprovenBaselineReplaced(sm.Status.Baseline, target) != "":
+		return unprovenBaselineReplaced(sm.Status.Baseline, target)
 	case last == nil:
 		return storageMoved(sm.Status.Baseline, target)
 	case last.TargetVersion != target.TargetVersion():

@@ -102,7 +102,7 @@ func (r *StorageMigrationReconciler) record(sm, original *migrationv1alpha1.Stor
 func (r *StorageMigrationReconciler) recordConditions(sm, original *migrationv1alpha1.StorageMigration, out outcome) {
 	r.announceTransition(sm, original, out)
 	setConditions(&sm.Status, out, sm.Generation)
-	recordStalled(sm, out)
+	recordGauges(sm, out)
 	sm.Status.ProgressSummary = progressSummary(&sm.Status)
 }
 

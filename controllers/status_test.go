@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -235,5 +236,68 @@ func TestReStoreUnseen(t *testing.T) {
 		if got := reStoreUnseen(sm, tc.target); got != tc.want {
 			t.Errorf("%s: reStoreUnseen = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestBaselineUnproven: a first baseline is proven only by every API
+// server's word (the trigger's stamp, or restow reading every server now,
+// for a StorageMigration the trigger stamped or a person made). An
+// unproven one is Ready (BaselineUnproven: kstatus Current, no alert) until
+// restow reads every server, then a pass replaces it.
+func TestBaselineUnproven(t *testing.T) {
+	const unseen = "2 API servers counted, 1 of them at an address in default/kubernetes's EndpointSlices"
+	target := migrator.Target{Resource: schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "mutatingadmissionpolicies"},
+		StorageVersion: "v1", StorageVersionHash: "new="}
+	automatic := map[string]string{migrationv1alpha1.AutomaticLabel: "true", migrationv1alpha1.BuiltInLabel: "true"}
+	for _, tc := range []struct {
+		name    string
+		labels  map[string]string
+		stamp   string
+		unseen  string
+		wantWhy string
+	}{
+		{name: "the trigger stamped it", labels: automatic, stamp: "new=", unseen: unseen},
+		{name: "a person's, every server read"},
+		{name: "a person's, a server unread", unseen: unseen, wantWhy: "restow could not read every API server when it recorded it (" + unseen + ")"},
+		{name: "the trigger's, unstamped, a server unread", labels: automatic, unseen: unseen, wantWhy: "restow could not read every API server when it recorded it"},
+		{name: "the trigger's, unstamped, every server read now", labels: automatic, wantWhy: "restow could not read every API server when it first saw the resource"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sm := &migrationv1alpha1.StorageMigration{Spec: migrationv1alpha1.StorageMigrationSpec{FirstPass: migrationv1alpha1.FirstPassSkip}}
+			sm.Labels = tc.labels
+			if tc.stamp != "" {
+				sm.Annotations = map[string]string{migrationv1alpha1.FirstSeenHashAnnotation: tc.stamp}
+			}
+			target := target
+			target.ServersUnseen = tc.unseen
+			why := baselineUnproven(sm, target)
+			if !strings.HasPrefix(why, tc.wantWhy) || (tc.wantWhy == "") != (why == "") {
+				t.Fatalf("baselineUnproven = %q, want %q", why, tc.wantWhy)
+			}
+			out := recordBaseline(sm, target)
+			conditions := conditionsFor(out, 1)
+			ready := meta.FindStatusCondition(conditions, migrationv1alpha1.ReadyCondition)
+			if ready.Status != metav1.ConditionTrue || meta.IsStatusConditionTrue(conditions, migrationv1alpha1.ReconcilingCondition) || meta.IsStatusConditionTrue(conditions, migrationv1alpha1.StalledCondition) {
+				t.Errorf("conditions %+v: want Ready and nothing under way, whatever the proof", conditions)
+			}
+			baseline := out.status.baseline.value
+			if baseline == nil || baseline.Unproven != why {
+				t.Fatalf("baseline %+v, want unproven %q", baseline, why)
+			}
+			if wantReason := map[bool]string{true: migrationv1alpha1.BaselineUnprovenReason, false: migrationv1alpha1.SucceededReason}[why != ""]; ready.Reason != wantReason ||
+				(why != "" && (!strings.Contains(ready.Message, "and not proven") || !strings.Contains(ready.Message, "kubectl restow migrate "+target.Resource.GroupResource().String()))) {
+				t.Errorf("Ready %s: %s; want reason %s", ready.Reason, ready.Message, wantReason)
+			}
+			// Later: a pass replaces an unproven baseline once every server
+			// is read, and only then.
+			sm.Status = migrationv1alpha1.StorageMigrationStatus{Baseline: baseline}
+			for _, servers := range []string{unseen, ""} {
+				target.ServersUnseen = servers
+				got := migrationNeeded(sm, target)
+				if want := why != "" && servers == ""; (got != "") != want || (want && !strings.Contains(got, "re-stores every object at v1")) {
+					t.Errorf("servers unseen %q: migrationNeeded = %q, want a pass: %v", servers, got, want)
+				}
+			}
+		})
 	}
 }

@@ -160,13 +160,13 @@ func (r *StorageMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	if err := r.APIReader.Get(ctx, req.NamespacedName, sm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.runs.stop(req.Name)
-			forgetStalled(req.Name)
+			forgetGauges(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !sm.DeletionTimestamp.IsZero() {
 		r.runs.stop(req.Name)
-		forgetStalled(req.Name)
+		forgetGauges(req.Name)
 		return ctrl.Result{}, nil
 	}
 	original := sm.DeepCopy()
@@ -348,11 +348,17 @@ func (r *StorageMigrationReconciler) startIfNeeded(ctx context.Context, sm *migr
 	target := res.target
 	if skipsFirstPass(sm, target) && sm.Status.Baseline == nil && !reRunRequested(sm) {
 		first := firstSight(sm, target)
+		if first == nil && target.StorageVersionHash != "" {
+			if first = firstBaseline(sm, target); first.Unproven == "" || target.ServersUnseen != "" {
+				first = nil
+			}
+		}
 		if first == nil {
 			return withEncryptionBaseline(recordBaseline(sm, target), sm, target), 0
 		}
-		// The API servers stored at another version at first sight: that
-		// is the baseline, and the objects are re-stored from it.
+		// The API servers stored at another version at first sight, or
+		// the first sight is unproven while restow reads every server now:
+		// that is the baseline, and the objects are re-stored from it.
 		sm = sm.DeepCopy()
 		sm.Status.Baseline, sm.Status.ObservedGeneration = first, sm.Generation
 		out, after := r.decide(ctx, sm, target)

@@ -40,6 +40,16 @@ const (
 	// disagree, or some cannot be read), and nothing else needs a pass.
 	WaitingForEncryptionConfigReason = "WaitingForEncryptionConfig"
 
+	// BaselineUnprovenReason (Ready=True): a built-in resource's baseline
+	// was recorded while restow could not read every API server
+	// (status.baseline.unproven), so it does not know that every object is
+	// stored at it. Nothing is under way and nothing failed: kstatus reads
+	// it as Current, and no shipped alert fires for it (the
+	// restow_baseline_unproven metric shows it). A pass replaces it once
+	// restow reads every API server; on a managed control plane, where it
+	// never does, kubectl restow migrate runs that pass.
+	BaselineUnprovenReason = "BaselineUnproven"
+
 	// WaitingForAllAPIServersReason (Reconciling=True, Ready=False): the
 	// storage version of a built-in resource moved, and restow cannot read
 	// every API server's own discovery (several behind one address, as on a

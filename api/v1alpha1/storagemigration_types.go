@@ -293,6 +293,17 @@ type StorageBaseline struct {
 	// recordedAt is when restow recorded it.
 	// +required
 	RecordedAt metav1.Time `json:"recordedAt"`
+
+	// unproven says why restow does not take every object to be stored at
+	// this baseline: it could not read every API server when it first saw
+	// the resource, so a server not yet upgraded, and objects it wrote, may
+	// store another version. A pass that rewrites every object replaces it
+	// once restow reads every API server, or when a re-run is requested
+	// (kubectl restow migrate). Empty for a baseline every API server
+	// showed.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Unproven string `json:"unproven,omitempty"`
 }
 
 // FirstPass says what a new StorageMigration does before it has run a pass.
