@@ -115,13 +115,14 @@ func (r *StorageMigrationReconciler) standardChanged(ctx context.Context, sm *mi
 }
 
 // atRest says whether sm, an automatic StorageMigration of a built-in
-// resource, rests: Ready, with a hash recorded and nothing left to retry,
-// and not re-encrypted (those read the encryption state each period).
+// resource, rests: Ready, with a hash recorded, proven, and nothing left
+// to retry, and not re-encrypted (those read the encryption state each
+// period). An unproven baseline waits for every API server to be read.
 func (r *StorageMigrationReconciler) atRest(sm *migrationv1alpha1.StorageMigration) bool {
 	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
 	return meta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
 		recordedHash(sm) != "" && (sm.Status.LastPass == nil || sm.Status.LastPass.Failed == 0) &&
-		!slices.Contains(r.ReEncrypt, gr)
+		(sm.Status.Baseline == nil || sm.Status.Baseline.Unproven == "") && !slices.Contains(r.ReEncrypt, gr)
 }
 
 // sweptHashes is what the trigger of built-in resources last saw: per

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path"
 	"slices"
@@ -10,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,18 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
@@ -98,14 +89,6 @@ type BuiltInMigrationReconciler struct {
 	missing map[string]int
 }
 
-// The reconciler's requests: it looks at every resource at once. builtInKey
-// comes at start and every Interval; serversKey when an API server's
-// identity Lease appears, goes or changes holder.
-var (
-	builtInKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "built-in-resources"}}
-	serversKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "api-servers"}}
-)
-
 // DefaultBuiltInInterval is how often the built-in resources' discovery is
 // read by default, as kube-storage-version-migrator's trigger polls.
 const DefaultBuiltInInterval = 10 * time.Minute
@@ -120,58 +103,6 @@ const DefaultEncryptionCheckInterval = 30 * time.Second
 // DefaultBuiltInExclude is what --auto-migrate-builtins-exclude leaves alone
 // by default: Events live an hour and are written once.
 var DefaultBuiltInExclude = []string{"events", "events.events.k8s.io"}
-
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=watch
-// +kubebuilder:rbac:groups=apiregistration.k8s.io,resources=apiservices,verbs=list
-// +kubebuilder:rbac:urls=/metrics,verbs=get
-
-// SetupWithManager registers the reconciler, with an informer of the
-// identity Leases in kube-system of its own (the manager's cache would
-// watch every Lease of the cluster, nodes' heartbeats among them).
-func (r *BuiltInMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	switch {
-	case r.Client == nil, r.APIReader == nil, r.Discovery == nil, r.Leases == nil, r.Recorder == nil, r.Wake == nil, r.Idle == nil, r.Sweep == nil:
-		return errors.New("BuiltInMigrationReconciler needs Client, APIReader, Discovery, Leases, Recorder, Wake, Idle and Sweep")
-	case r.Interval <= 0:
-		return errors.New("BuiltInMigrationReconciler needs Interval > 0")
-	}
-	for _, p := range r.Exclude {
-		if _, err := path.Match(p, ""); err != nil {
-			return fmt.Errorf("excluded resource pattern %q: %w", p, err)
-		}
-	}
-	leases := toolscache.NewSharedIndexInformer(toolscache.NewFilteredListWatchFromClient(
-		r.Leases.CoordinationV1().RESTClient(), "leases", metav1.NamespaceSystem,
-		func(o *metav1.ListOptions) { o.LabelSelector = migrator.IdentityLeaseSelector },
-	), &coordinationv1.Lease{}, 0, toolscache.Indexers{})
-	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
-		leases.RunWithContext(ctx)
-		return nil
-	})); err != nil {
-		return err
-	}
-	// One event at start, whatever the Leases say.
-	start := make(chan event.GenericEvent, 1)
-	start <- event.GenericEvent{Object: &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: builtInKey.Name}}}
-	to := func(key reconcile.Request) handler.EventHandler {
-		return handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{key} })
-	}
-	return ctrl.NewControllerManagedBy(mgr).
-		Named("builtinmigration").
-		WatchesRawSource(source.Channel(start, to(builtInKey))).
-		WatchesRawSource(&source.Informer{Informer: leases, Handler: to(serversKey), Predicates: []predicate.Predicate{serverChanged}}).
-		Complete(r)
-}
-
-// serverChanged passes a Lease that appears or goes, and one whose holder
-// changed (a server that restarted, after an upgrade among others), not
-// its renewals every ten seconds.
-var serverChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		before, after := e.ObjectOld.(*coordinationv1.Lease), e.ObjectNew.(*coordinationv1.Lease)
-		return ptr.Deref(before.Spec.HolderIdentity, "") != ptr.Deref(after.Spec.HolderIdentity, "")
-	},
-}
 
 // Reconcile reads discovery, creates the StorageMigrations of resources
 // seen for the first time, and deletes its own whose resource is gone. It
@@ -498,11 +429,3 @@ func (r *BuiltInMigrationReconciler) crdResources(ctx context.Context) (map[sche
 	}
 	return crds, nil
 }
-
-// leaderRunnable runs fn on the leader only.
-type leaderRunnable func(ctx context.Context) error
-
-func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
-func (leaderRunnable) NeedLeaderElection() bool          { return true }
-
-var _ manager.LeaderElectionRunnable = leaderRunnable(nil)

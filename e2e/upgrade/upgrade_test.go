@@ -23,6 +23,7 @@ import (
 
 	"github.com/go-logr/logr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -87,8 +88,10 @@ func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
 	cp.WaitForSignals(t, 2, 2)
 	createPolicies(t, cp)
 	startManager(t, cp)
-	// A first sweep that missed one server stamps nothing (fail closed).
-	waitBaseline(t, cp, "v1beta1", stampedOrNone)
+	// A first sweep that missed one server stamps nothing, and its baseline
+	// is then unproven, or replaced at once by a pass (fail closed).
+	sm := waitBaseline(t, cp, "v1beta1", stampedOrUnproven)
+	lastPass := sm.Status.LastPass
 
 	if err := cp.RestartOwnAPIServer(t.Context(), 0, "emulated-version"); err != nil {
 		t.Fatal(err)
@@ -96,7 +99,6 @@ func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
 	// While the servers disagree: nothing rewritten, no pass, and the
 	// StorageMigration says which server stores at which version.
 	old := strings.TrimPrefix(cp.ServerConfig(1).Host, "https://")
-	sm := &migrationv1alpha1.StorageMigration{}
 	said := map[string]bool{}
 	hold := time.Now().Add(20 * time.Second)
 	for time.Now().Before(hold) {
@@ -104,7 +106,7 @@ func TestRollingUpgradeWaitsForTheLastServer(t *testing.T) {
 		if err := cp.Client.Get(t.Context(), client.ObjectKey{Name: name}, sm); err != nil {
 			t.Fatal(err)
 		}
-		if sm.Status.LastPass != nil || sm.Status.Progress != nil {
+		if !equality.Semantic.DeepEqual(sm.Status.LastPass, lastPass) || sm.Status.Progress != nil {
 			t.Fatalf("a pass ran while one API server stored at v1beta1: %+v %+v", sm.Status.LastPass, sm.Status.Progress)
 		}
 		if c := findCondition(sm, migrationv1alpha1.ReconcilingCondition); c != nil && c.Status == metav1.ConditionTrue && !said[c.Message] {
@@ -179,6 +181,41 @@ func TestUpgradeBehindOneAddressWaits(t *testing.T) {
 	verify(t, cp, "v1")
 }
 
+// TestUnprovenBaselineReplaced: two API servers, both upgraded before
+// restow starts, of which restow finds the address of one only (the other
+// is reached through the balancer alone). Every policy is still stored at
+// v1beta1 while every server restow reads stores at v1: the baseline it
+// records is v1, unproven (Ready, BaselineUnproven), and nothing is
+// rewritten. Once the second server's address is published, restow reads
+// every server, and a pass replaces the baseline: every policy at v1 in
+// etcd. Taken as proven, the v1 baseline would leave them at v1beta1.
+func TestUnprovenBaselineReplaced(t *testing.T) {
+	cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}, APIServers: 2, OwnAddresses: true, UnpublishedAPIServer: true,
+		APIServerArgs: map[string]string{"emulated-version": "1.36"}})
+	cp.WaitForSignals(t, 2, 1)
+	createPolicies(t, cp)
+	for i := range 2 {
+		if err := cp.RestartOwnAPIServer(t.Context(), i, "emulated-version"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startManager(t, cp)
+	waitBaseline(t, cp, "v1", unstamped)
+	assertStored(t, cp, map[string]int{before: n})
+
+	// The second server's address in the kubernetes Service, as when a
+	// person names every server or the provider publishes them.
+	if err := cp.RestartOwnAPIServer(t.Context(), 1, "endpoint-reconciler-type"); err != nil {
+		t.Fatal(err)
+	}
+	published := time.Now()
+	cp.WaitForSignals(t, 2, 2)
+	waitReStored(t, cp)
+	t.Logf("Re-stored %d policies %s after the second server was published", n, time.Since(published).Round(100*time.Millisecond))
+	assertStored(t, cp, map[string]int{after: n})
+	verify(t, cp, "v1")
+}
+
 // createPolicies writes n MutatingAdmissionPolicies that mutate nothing
 // anyone creates.
 func createPolicies(t *testing.T, cp *testenv.Env) {
@@ -223,29 +260,44 @@ type firstSight int
 const (
 	stamped firstSight = iota
 	unstamped
-	stampedOrNone
+	stampedOrUnproven
 )
 
 func (f firstSight) String() string {
-	return [...]string{"the baseline's hash stamped", "no stamp", "the baseline's hash stamped, or no stamp"}[f]
+	return [...]string{"the baseline's hash stamped, proven", "no stamp, the baseline unproven", "the baseline's hash stamped and proven, or no stamp and the baseline unproven or replaced by a pass"}[f]
 }
 
 // waitBaseline waits until the StorageMigration restow made for the
 // policies records version as its baseline, with nothing rewritten, and
-// holds its stamp of the first sight to want.
-func waitBaseline(t *testing.T, cp *testenv.Env, version string, want firstSight) {
+// holds its stamp of the first sight, and the baseline's proof, to want:
+// a stamp is every API server's word, so a baseline without one is
+// unproven, or (stampedOrUnproven, where restow reads every server) already
+// replaced by a pass at version.
+func waitBaseline(t *testing.T, cp *testenv.Env, version string, want firstSight) *migrationv1alpha1.StorageMigration {
 	t.Helper()
+	replaced := func(sm *migrationv1alpha1.StorageMigration) bool {
+		return want == stampedOrUnproven && sm.Status.Baseline == nil && sm.Status.LastPass != nil && sm.Status.LastPass.TargetVersion == version
+	}
 	sm := cp.WaitForMigration(t, name, time.Minute, "at its baseline "+version, func(sm *migrationv1alpha1.StorageMigration) bool {
-		return sm.Status.Baseline != nil && sm.Status.Baseline.StorageVersion == version && isReady(sm)
+		return isReady(sm) && ((sm.Status.Baseline != nil && sm.Status.Baseline.StorageVersion == version) || replaced(sm))
 	})
-	if sm.Spec.FirstPass != migrationv1alpha1.FirstPassSkip || sm.Labels[migrationv1alpha1.BuiltInLabel] != "true" || sm.Status.LastPass != nil {
+	if sm.Spec.FirstPass != migrationv1alpha1.FirstPassSkip || sm.Labels[migrationv1alpha1.BuiltInLabel] != "true" || (sm.Status.LastPass != nil && !replaced(sm)) {
 		t.Fatalf("StorageMigration %s: firstPass %q, labels %v, lastPass %+v; want Skip, built-in, no pass", name, sm.Spec.FirstPass, sm.Labels, sm.Status.LastPass)
 	}
-	seen, recorded := sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation], sm.Status.Baseline.StorageVersionHash
-	if (want == stamped && seen != recorded) || (want == unstamped && seen != "") || (want == stampedOrNone && seen != "" && seen != recorded) {
-		t.Fatalf("StorageMigration %s: first sight stamped %q, baseline hash %q; want %v", name, seen, recorded, want)
+	ready := findCondition(sm, migrationv1alpha1.ReadyCondition)
+	seen := sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation]
+	if replaced(sm) && seen == "" {
+		t.Logf("No stamp; the unproven baseline was replaced by a pass: %s", ready.Message)
+		return sm
 	}
-	t.Logf("Baseline: %s", findCondition(sm, migrationv1alpha1.ReadyCondition).Message)
+	recorded, unproven := sm.Status.Baseline.StorageVersionHash, sm.Status.Baseline.Unproven
+	stampOK := seen == recorded && unproven == "" && ready.Reason == migrationv1alpha1.SucceededReason
+	noStampOK := seen == "" && unproven != "" && ready.Reason == migrationv1alpha1.BaselineUnprovenReason
+	if (want == stamped && !stampOK) || (want == unstamped && !noStampOK) || (want == stampedOrUnproven && !stampOK && !noStampOK) {
+		t.Fatalf("StorageMigration %s: first sight stamped %q, baseline hash %q, unproven %q, Ready %s; want %v", name, seen, recorded, unproven, ready.Reason, want)
+	}
+	t.Logf("Baseline: %s: %s", ready.Reason, ready.Message)
+	return sm
 }
 
 // waitReStored waits, for as long as the StorageMigration keeps moving,
