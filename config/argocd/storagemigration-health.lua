@@ -4,7 +4,10 @@
 --   resource.customizations.health.migration.restow.dev_StorageMigration
 -- (docs/gitops.md shows how). It reads the conditions restow writes:
 --   Healthy      Ready is True for the current generation: every object is
---                stored at the storage version and storedVersions is pruned.
+--                stored at the storage version and storedVersions is pruned
+--                (reason BaselineUnproven: a built-in resource's baseline
+--                restow could not prove; nothing is under way, the message
+--                says what would prove it).
 --   Degraded     Stalled is True: the migration cannot finish without help;
 --                the message says why (objects that fail, a missing resource).
 --   Progressing  anything else: a pass is running, restow waits for the API
