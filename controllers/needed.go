@@ -3,6 +3,7 @@ package controllers
 import (
 	"fmt"
 	"slices"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -125,7 +126,8 @@ func baselineUnproven(sm *migrationv1alpha1.StorageMigration, target migrator.Ta
 	case sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation] != "":
 		return ""
 	case target.ServersUnseen != "":
-		return "restow could not read every API server when it recorded it (" + target.ServersUnseen + ")"
+		// status.baseline.unproven holds 1024 characters.
+		return "restow could not read every API server when it recorded it (" + truncate(target.ServersUnseen, 900) + ")"
 	case sm.Labels[migrationv1alpha1.AutomaticLabel] == "true" && sm.Labels[migrationv1alpha1.BuiltInLabel] == "true":
 		return "restow could not read every API server when it first saw the resource and made this StorageMigration, and the storage version may have moved since"
 	}
@@ -221,4 +223,16 @@ func storageMoved(baseline *migrationv1alpha1.StorageBaseline, target migrator.T
 		from = "storageVersionHash " + baseline.StorageVersionHash
 	}
 	return fmt.Sprintf("the storage version moved from %s, the baseline, to %s", from, target.TargetVersion())
+}
+
+// truncate cuts s to at most n bytes, at a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

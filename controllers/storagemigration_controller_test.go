@@ -262,6 +262,38 @@ func TestBaselineKeepsFirstSight(t *testing.T) {
 	assertConfigMapsStoredAtV1(t, "first-sight", 20)
 }
 
+// TestUnstampedAutomaticBaselineRuns: a StorageMigration the trigger of
+// built-in resources made without its stamp of first sight was made while
+// it could not read every API server. Where restow reads every server now,
+// it records no baseline on trust but runs a pass at once, and the objects
+// are stored at the storage version in etcd.
+func TestUnstampedAutomaticBaselineRuns(t *testing.T) {
+	ctx := t.Context()
+	createConfigMaps(t, "unstamped", 20)
+	startManager(t, nil)
+	sm := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "unstamped", Labels: map[string]string{migrationv1alpha1.AutomaticLabel: "true", migrationv1alpha1.BuiltInLabel: "true"}},
+		Spec: migrationv1alpha1.StorageMigrationSpec{
+			Resource:  migrationv1alpha1.GroupResource{Resource: "configmaps"},
+			FirstPass: migrationv1alpha1.FirstPassSkip,
+		},
+	}
+	if err := env.Client.Create(ctx, sm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
+	sm = waitFor(t, sm.Name, time.Minute, "a pass in place of an unproven baseline", func(sm *migrationv1alpha1.StorageMigration) bool {
+		return readyAt("v1")(sm) && (sm.Status.LastPass != nil || sm.Status.Baseline != nil)
+	})
+	if sm.Status.LastPass == nil || sm.Status.Baseline != nil {
+		t.Fatalf("lastPass %+v, baseline %+v: want a pass and no baseline", sm.Status.LastPass, sm.Status.Baseline)
+	}
+	if sm.Status.LastPass.Listed < 20 || sm.Status.LastPass.Failed != 0 {
+		t.Errorf("pass %+v, want at least the 20 ConfigMaps listed and none failed", sm.Status.LastPass.ObjectCounts)
+	}
+	assertConfigMapsStoredAtV1(t, "unstamped", 20)
+}
+
 // createConfigMaps creates n ConfigMaps, cm-00 on, in namespace.
 func createConfigMaps(t *testing.T, namespace string, n int) {
 	t.Helper()

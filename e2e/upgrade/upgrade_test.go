@@ -286,7 +286,10 @@ func waitBaseline(t *testing.T, cp *testenv.Env, version string, want firstSight
 	}
 	ready := findCondition(sm, migrationv1alpha1.ReadyCondition)
 	seen := sm.Annotations[migrationv1alpha1.FirstSeenHashAnnotation]
-	if replaced(sm) && seen == "" {
+	if replaced(sm) {
+		if seen != "" {
+			t.Fatalf("StorageMigration %s: first sight stamped %q, yet its baseline was replaced by a pass %+v; want a proven baseline", name, seen, sm.Status.LastPass)
+		}
 		t.Logf("No stamp; the unproven baseline was replaced by a pass: %s", ready.Message)
 		return sm
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -304,6 +305,9 @@ func verifyTargets(ctx context.Context, c *clients, args []string, all bool) ([]
 	var left []leftOut
 	if all {
 		if grs, left, err = storedResources(ctx, c, aggregated); err != nil {
+			return nil, nil, err
+		}
+		if err := unlistedCRDs(slices.Collect(maps.Keys(byResource)), grs); err != nil {
 			return nil, nil, err
 		}
 	} else {

@@ -28,12 +28,14 @@ type leftOut struct {
 }
 
 // aggregation is what the APIService list says of the API groups: those an
-// APIService sends to another server, whose objects are not in this etcd.
-// known is false when the list could not be read (listing APIServices is
-// forbidden): then no group is known to be aggregated or local.
+// APIService sends to another server, whose objects are not in this etcd,
+// and which of their versions it sends. known is false when the list could
+// not be read (listing APIServices is forbidden): then no group is known to
+// be aggregated or local.
 type aggregation struct {
-	groups map[string]bool
-	known  bool
+	groups        map[string]bool
+	groupVersions map[schema.GroupVersion]bool
+	known         bool
 }
 
 // storedResources are the resources --all covers: every one discovery shows
@@ -47,8 +49,11 @@ func storedResources(ctx context.Context, c *clients, agg aggregation) ([]schema
 	var left []leftOut
 	if err != nil {
 		var failed *discovery.ErrGroupDiscoveryFailed
-		if !errors.As(err, &failed) || len(lists) == 0 {
-			return nil, nil, &exitError{code: ExitUnaccounted, err: fmt.Errorf("discovery did not list every API group, so --all cannot cover every resource etcd stores: %w", err)}
+		switch {
+		case !errors.As(err, &failed):
+			return nil, nil, fmt.Errorf("discovery: %w", err)
+		case len(lists) == 0:
+			return nil, nil, &exitError{code: ExitUnaccounted, err: fmt.Errorf("discovery listed no API group, so --all cannot cover what etcd stores: %w", err)}
 		}
 		if left, err = judgeFailedGroups(failed.Groups, agg); err != nil {
 			return nil, nil, err
@@ -91,7 +96,7 @@ func judgeFailedGroups(failed map[schema.GroupVersion]error, agg aggregation) ([
 		switch {
 		case errors.As(failed[gv], &stale):
 			left = append(left, leftOut{GroupVersion: gv.String(), Reason: "served by an aggregated API server whose discovery is stale (it does not answer): its objects are not in this etcd"})
-		case agg.groups[gv.Group]:
+		case agg.groupVersions[gv]:
 			left = append(left, leftOut{GroupVersion: gv.String(), Reason: fmt.Sprintf("served by an aggregated API server (an APIService) whose discovery failed (%s): its objects are not in this etcd", discoveryFailure(failed[gv]))})
 		case !agg.known:
 			untold = append(untold, fmt.Sprintf("%s (%s)", gv, discoveryFailure(failed[gv])))
@@ -99,13 +104,35 @@ func judgeFailedGroups(failed map[schema.GroupVersion]error, agg aggregation) ([
 			unread = append(unread, fmt.Sprintf("%s (%s)", gv, discoveryFailure(failed[gv])))
 		}
 	}
-	switch {
-	case len(unread) > 0:
-		return nil, &exitError{code: ExitUnaccounted, err: fmt.Errorf("discovery failed for %s, which no aggregated API server serves: its resources may be stored in this etcd, and --all would not read them. Run verify again once its discovery answers, or name the resources to verify", strings.Join(unread, ", "))}
-	case len(untold) > 0:
-		return nil, &exitError{code: ExitUnaccounted, err: fmt.Errorf("discovery failed for %s, and restow cannot tell whether an aggregated API server serves it (it may not list APIServices): its resources may be stored in this etcd. Let it list apiservices.apiregistration.k8s.io, or name the resources to verify", strings.Join(untold, ", "))}
+	var why []string
+	if len(unread) > 0 {
+		why = append(why, fmt.Sprintf("discovery failed for %s, which no aggregated API server serves: its resources may be stored in this etcd, and --all would not read them. Run verify again once its discovery answers, or name the resources to verify", strings.Join(unread, ", ")))
+	}
+	if len(untold) > 0 {
+		why = append(why, fmt.Sprintf("discovery failed for %s, and restow cannot tell whether an aggregated API server serves it (it may not list APIServices): its resources may be stored in this etcd. Let it list apiservices.apiregistration.k8s.io, or name the resources to verify", strings.Join(untold, ", ")))
+	}
+	if len(why) > 0 {
+		return nil, &exitError{code: ExitUnaccounted, err: errors.New(strings.Join(why, "; "))}
 	}
 	return left, nil
+}
+
+// unlistedCRDs fails --all when a CRD's resource is not among those
+// discovery lists (not established yet, or no version served): the API
+// cannot count its objects, so etcd's read of it would be held against
+// nothing, and leaving it out would be a pass from partial sight.
+func unlistedCRDs(crds []schema.GroupResource, listed []schema.GroupResource) error {
+	var missing []string
+	for _, gr := range crds {
+		if !slices.Contains(listed, gr) {
+			missing = append(missing, gr.String())
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	return &exitError{code: ExitUnaccounted, err: fmt.Errorf("discovery lists no served version of %s (a CRD not established yet, or with every version served: false): etcd may hold its objects, and the API cannot count them, so --all proves nothing of them. Serve a version, then verify again", strings.Join(missing, ", "))}
 }
 
 // discoveryFailure is a failed discovery's cause in a few words.
@@ -122,17 +149,20 @@ func discoveryFailure(err error) string {
 func aggregatedGroups(ctx context.Context, c client.Client) (aggregation, error) {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIServiceList"})
+	out := aggregation{groups: map[string]bool{}, groupVersions: map[schema.GroupVersion]bool{}}
 	if err := c.List(ctx, list); err != nil {
 		if apierrors.IsForbidden(err) || apierrors.IsNotFound(err) {
-			return aggregation{groups: map[string]bool{}}, nil
+			return out, nil
 		}
 		return aggregation{}, fmt.Errorf("listing APIServices: %w", err)
 	}
-	out := aggregation{groups: map[string]bool{}, known: true}
+	out.known = true
 	for _, item := range list.Items {
 		if service, _, _ := unstructured.NestedMap(item.Object, "spec", "service"); service != nil {
 			group, _, _ := unstructured.NestedString(item.Object, "spec", "group")
+			version, _, _ := unstructured.NestedString(item.Object, "spec", "version")
 			out.groups[group] = true
+			out.groupVersions[schema.GroupVersion{Group: group, Version: version}] = true
 		}
 	}
 	return out, nil

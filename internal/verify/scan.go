@@ -304,7 +304,7 @@ func (r *Report) holdAgainstAPI(ctx context.Context, count func(context.Context,
 	r.APIObjects, r.APIFirst, r.APIFirstRevision = &listing.Count, listing.First, listing.FirstRevision
 	if r.KeysAtRevision == 0 && listing.Count == 0 {
 		if now, err := count(ctx, 0); err != nil {
-			r.APIError = err.Error()
+			r.APICountUnknown, r.APIError = errors.Is(err, ErrNoAPICount), err.Error()
 		} else {
 			r.APIObjectsNow = &now.Count
 		}

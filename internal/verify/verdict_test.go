@@ -192,6 +192,17 @@ func TestJudge(t *testing.T) {
 			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
 		},
 		{
+			name: "as many keys, the first object the API lists written at another revision there",
+			report: func() *Report {
+				r := counted(3, ptr.To[int64](3), "")
+				r.APIFirst, r.EtcdFirst, r.APIFirstRevision, r.APIFirstInEtcd = "ns/a", "ns/a", 5, 6
+				return r
+			}(),
+			api:        widgets("v1"),
+			findings:   []string{"unaccounted: the first object the API lists at revision 7, ns/a, was last written at revision 5, but etcd's key /kubernetes.io/example.com/widgets/ns/a was last written at revision 6"},
+			mismatches: []string{"etcd's read does not hold every object the API lists: nothing is proven"},
+		},
+		{
 			name:     "more keys in a shared etcd, the first object the API lists found at its revision",
 			report:   shared(counted(4, ptr.To[int64](3), ""), 5, 5),
 			api:      widgets("v1"),
