@@ -199,7 +199,9 @@ func TestUnprovenBaselineReplaced(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	startManager(t, cp)
+	// The trigger's default period (10 minutes): what wakes restow is the
+	// second server's address coming to the kubernetes Service.
+	startManager(t, cp, "--builtin-discovery-interval=10m")
 	waitBaseline(t, cp, "v1", unstamped)
 	assertStored(t, cp, map[string]int{before: n})
 
@@ -246,10 +248,10 @@ func createPolicies(t *testing.T, cp *testenv.Env) {
 // startManager runs the manager binary with automatic migration of
 // built-in resources, leaving every other built-in resource but the
 // policies alone: the test watches one StorageMigration, not fifty.
-func startManager(t *testing.T, cp *testenv.Env) {
+func startManager(t *testing.T, cp *testenv.Env, args ...string) {
 	t.Helper()
-	scenario.StartBuiltInManager(t, cp, "--auto-migrate-builtins=true",
-		"--auto-migrate-builtins-exclude="+strings.Join(cp.BuiltInsExcept(t, name), ","))
+	scenario.StartBuiltInManager(t, cp, append([]string{"--auto-migrate-builtins=true",
+		"--auto-migrate-builtins-exclude=" + strings.Join(cp.BuiltInsExcept(t, name), ",")}, args...)...)
 }
 
 // firstSight is what the trigger stamps on the StorageMigration it
