@@ -104,15 +104,12 @@ func judgeFailedGroups(failed map[schema.GroupVersion]error, agg aggregation) ([
 			unread = append(unread, fmt.Sprintf("%s (%s)", gv, discoveryFailure(failed[gv])))
 		}
 	}
-	var why []string
-	if len(unread) > 0 {
-		why = append(why, fmt.Sprintf("discovery failed for %s, which no aggregated API server serves: its resources may be stored in this etcd, and --all would not read them. Run verify again once its discovery answers, or name the resources to verify", strings.Join(unread, ", ")))
-	}
-	if len(untold) > 0 {
-		why = append(why, fmt.Sprintf("discovery failed for %s, and restow cannot tell whether an aggregated API server serves it (it may not list APIServices): its resources may be stored in this etcd. Let it list apiservices.apiregistration.k8s.io, or name the resources to verify", strings.Join(untold, ", ")))
-	}
-	if len(why) > 0 {
-		return nil, &exitError{code: ExitUnaccounted, err: errors.New(strings.Join(why, "; "))}
+	// One or the other: untold only where the APIService list is unread.
+	switch {
+	case len(unread) > 0:
+		return nil, &exitError{code: ExitUnaccounted, err: fmt.Errorf("discovery failed for %s, which no aggregated API server serves: its resources may be stored in this etcd, and --all would not read them. Run verify again once its discovery answers, or name the resources to verify", strings.Join(unread, ", "))}
+	case len(untold) > 0:
+		return nil, &exitError{code: ExitUnaccounted, err: fmt.Errorf("discovery failed for %s, and restow cannot tell whether an aggregated API server serves it (it may not list APIServices): its resources may be stored in this etcd. Let it list apiservices.apiregistration.k8s.io, or name the resources to verify", strings.Join(untold, ", "))}
 	}
 	return left, nil
 }

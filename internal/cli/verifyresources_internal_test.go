@@ -42,8 +42,8 @@ func TestJudgeFailedGroups(t *testing.T) {
 		{"stale, the APIService list unread", map[schema.GroupVersion]error{metrics: stale}, aggregation{}, 1, ""},
 		{"another version of an APIService's group", map[schema.GroupVersion]error{metricsV1: unavailable}, aggregated, 0,
 			"discovery failed for metrics.k8s.io/v1 (HTTP 503 ServiceUnavailable), which no aggregated API server serves"},
-		{"unread and untold both named", map[schema.GroupVersion]error{widgets: unavailable, metrics: unavailable}, aggregation{groupVersions: map[schema.GroupVersion]bool{}, known: false}, 0,
-			"discovery failed for example.com/v1 (HTTP 503 ServiceUnavailable), and restow cannot tell"},
+		{"every version it cannot tell of named", map[schema.GroupVersion]error{widgets: unavailable, metrics: unavailable}, aggregation{}, 0,
+			"discovery failed for example.com/v1 (HTTP 503 ServiceUnavailable), metrics.k8s.io/v1beta1 (HTTP 503 ServiceUnavailable), and restow cannot tell"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			left, err := judgeFailedGroups(tc.failed, tc.agg)
