@@ -231,17 +231,7 @@ func TestBaselineKeepsFirstSight(t *testing.T) {
 	createConfigMaps(t, "first-sight", 20)
 	startManager(t, nil)
 	const seen = "Rm9yZWln" // a hash the API server does not publish for configmaps
-	sm := &migrationv1alpha1.StorageMigration{
-		ObjectMeta: metav1.ObjectMeta{Name: "first-sight", Annotations: map[string]string{migrationv1alpha1.FirstSeenHashAnnotation: seen}},
-		Spec: migrationv1alpha1.StorageMigrationSpec{
-			Resource:  migrationv1alpha1.GroupResource{Resource: "configmaps"},
-			FirstPass: migrationv1alpha1.FirstPassSkip,
-		},
-	}
-	if err := env.Client.Create(ctx, sm); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
+	sm := createConfigMapsBaseline(t, metav1.ObjectMeta{Name: "first-sight", Annotations: map[string]string{migrationv1alpha1.FirstSeenHashAnnotation: seen}})
 	sm = waitFor(t, sm.Name, time.Minute, "a pass from the first sight", func(sm *migrationv1alpha1.StorageMigration) bool {
 		return readyAt("v1")(sm) && sm.Status.LastPass != nil
 	})
@@ -268,20 +258,9 @@ func TestBaselineKeepsFirstSight(t *testing.T) {
 // it records no baseline on trust but runs a pass at once, and the objects
 // are stored at the storage version in etcd.
 func TestUnstampedAutomaticBaselineRuns(t *testing.T) {
-	ctx := t.Context()
 	createConfigMaps(t, "unstamped", 20)
 	startManager(t, nil)
-	sm := &migrationv1alpha1.StorageMigration{
-		ObjectMeta: metav1.ObjectMeta{Name: "unstamped", Labels: map[string]string{migrationv1alpha1.AutomaticLabel: "true", migrationv1alpha1.BuiltInLabel: "true"}},
-		Spec: migrationv1alpha1.StorageMigrationSpec{
-			Resource:  migrationv1alpha1.GroupResource{Resource: "configmaps"},
-			FirstPass: migrationv1alpha1.FirstPassSkip,
-		},
-	}
-	if err := env.Client.Create(ctx, sm); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
+	sm := createConfigMapsBaseline(t, metav1.ObjectMeta{Name: "unstamped", Labels: map[string]string{migrationv1alpha1.AutomaticLabel: "true", migrationv1alpha1.BuiltInLabel: "true"}})
 	sm = waitFor(t, sm.Name, time.Minute, "a pass in place of an unproven baseline", func(sm *migrationv1alpha1.StorageMigration) bool {
 		return readyAt("v1")(sm) && (sm.Status.LastPass != nil || sm.Status.Baseline != nil)
 	})
@@ -292,6 +271,26 @@ func TestUnstampedAutomaticBaselineRuns(t *testing.T) {
 		t.Errorf("pass %+v, want at least the 20 ConfigMaps listed and none failed", sm.Status.LastPass.ObjectCounts)
 	}
 	assertConfigMapsStoredAtV1(t, "unstamped", 20)
+}
+
+// createConfigMapsBaseline creates a StorageMigration of ConfigMaps that
+// skips its first pass (spec.firstPass: Skip), as the trigger of built-in
+// resources makes them, with meta's name, labels and annotations, and
+// deletes it when the test ends.
+func createConfigMapsBaseline(t *testing.T, meta metav1.ObjectMeta) *migrationv1alpha1.StorageMigration {
+	t.Helper()
+	sm := &migrationv1alpha1.StorageMigration{
+		ObjectMeta: meta,
+		Spec: migrationv1alpha1.StorageMigrationSpec{
+			Resource:  migrationv1alpha1.GroupResource{Resource: "configmaps"},
+			FirstPass: migrationv1alpha1.FirstPassSkip,
+		},
+	}
+	if err := env.Client.Create(t.Context(), sm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
+	return sm
 }
 
 // createConfigMaps creates n ConfigMaps, cm-00 on, in namespace.
