@@ -122,7 +122,7 @@ func (r *StorageMigrationReconciler) atRest(sm *migrationv1alpha1.StorageMigrati
 	gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
 	return meta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
 		recordedHash(sm) != "" && (sm.Status.LastPass == nil || sm.Status.LastPass.Failed == 0) &&
-		(sm.Status.Baseline == nil || sm.Status.Baseline.Unproven == "") && !slices.Contains(r.ReEncrypt, gr)
+		!unprovenBaseline(sm) && !slices.Contains(r.ReEncrypt, gr)
 }
 
 // sweptHashes is what the trigger of built-in resources last saw: per

@@ -213,7 +213,7 @@ func (r *BuiltInMigrationReconciler) wakeMoved(ctx context.Context, res builtIn,
 			ctrl.LoggerFrom(ctx).Info("The storage version of a built-in resource moved", "resource", res.gr.String(), "storageMigration", klog.KObj(sm),
 				"recorded", recorded, "now", res.hash)
 		}
-		if recorded == res.hash && !servers.Moved(res.gr, recorded) && (sm.Status.Baseline == nil || sm.Status.Baseline.Unproven == "") {
+		if recorded == res.hash && !servers.Moved(res.gr, recorded) && !unprovenBaseline(sm) {
 			// Every API server still publishes the hash it recorded, and
 			// showed it: nothing to look at, and no request for it.
 			continue

@@ -1,9 +1,9 @@
 package controllers
 
 import (
+	"errors"
 	"fmt"
 	"slices"
-	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -127,11 +127,17 @@ func baselineUnproven(sm *migrationv1alpha1.StorageMigration, target migrator.Ta
 		return ""
 	case target.ServersUnseen != "":
 		// status.baseline.unproven holds 1024 characters.
-		return "restow could not read every API server when it recorded it (" + truncate(target.ServersUnseen, 900) + ")"
+		return "restow could not read every API server when it recorded it (" + migrator.MessageUpTo(errors.New(target.ServersUnseen), 900) + ")"
 	case sm.Labels[migrationv1alpha1.AutomaticLabel] == "true" && sm.Labels[migrationv1alpha1.BuiltInLabel] == "true":
 		return "restow could not read every API server when it first saw the resource and made this StorageMigration, and the storage version may have moved since"
 	}
 	return ""
+}
+
+// unprovenBaseline says whether sm rests on a baseline not every API server
+// showed: never at rest, and woken by every sweep.
+func unprovenBaseline(sm *migrationv1alpha1.StorageMigration) bool {
+	return sm.Status.Baseline != nil && sm.Status.Baseline.Unproven != ""
 }
 
 // unprovenBaselineReplaced says why a StorageMigration whose baseline is
@@ -223,16 +229,4 @@ func storageMoved(baseline *migrationv1alpha1.StorageBaseline, target migrator.T
 		from = "storageVersionHash " + baseline.StorageVersionHash
 	}
 	return fmt.Sprintf("the storage version moved from %s, the baseline, to %s", from, target.TargetVersion())
-}
-
-// truncate cuts s to at most n bytes, at a rune boundary, marking the cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }

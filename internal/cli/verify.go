@@ -304,7 +304,7 @@ func verifyTargets(ctx context.Context, c *clients, args []string, all bool) ([]
 	var grs []schema.GroupResource
 	var left []leftOut
 	if all {
-		if grs, left, err = storedResources(ctx, c, aggregated); err != nil {
+		if grs, left, err = storedResources(c, aggregated); err != nil {
 			return nil, nil, err
 		}
 		if err := unlistedCRDs(slices.Collect(maps.Keys(byResource)), grs); err != nil {

@@ -44,7 +44,7 @@ type aggregation struct {
 // failed but that are shown to be served by an aggregated API server. A
 // group version whose discovery failed otherwise fails the read with exit
 // 7: its resources may be stored in this etcd, unread.
-func storedResources(ctx context.Context, c *clients, agg aggregation) ([]schema.GroupResource, []leftOut, error) {
+func storedResources(c *clients, agg aggregation) ([]schema.GroupResource, []leftOut, error) {
 	lists, err := c.migrator.Discovery.ServerPreferredResources()
 	var left []leftOut
 	if err != nil {
@@ -58,9 +58,6 @@ func storedResources(ctx context.Context, c *clients, agg aggregation) ([]schema
 		if left, err = judgeFailedGroups(failed.Groups, agg); err != nil {
 			return nil, nil, err
 		}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, nil, err
 	}
 	seen := map[schema.GroupResource]bool{}
 	var out []schema.GroupResource
