@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,6 +10,7 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/migrator/quota"
 	"github.com/restow/restow/internal/version"
 )
 
@@ -52,6 +54,34 @@ var (
 		Name: "restow_baseline_unproven",
 		Help: "1 while a StorageMigration's baseline was recorded when restow could not read every API server (status.baseline.unproven): restow does not know that every object is stored at it. A pass replaces it once every API server can be read, or on kubectl restow migrate. No shipped alert fires on it.",
 	}, []string{"storagemigration", "resource"})
+	etcdBytesAlive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "restow_etcd_bytes_alive",
+		Help: "Bytes restow's rewrites keep alive in etcd until a compaction passes them (the value each replaced), over every pass of this manager.",
+	})
+	etcdBudgetBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "restow_etcd_budget_bytes",
+		Help: "How many bytes restow's rewrites may keep alive at once: --etcd-write-budget, or half of etcd's room under its quota at the last reading (0 before the first).",
+	})
+	etcdDatabaseBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "restow_etcd_database_bytes",
+		Help: "etcd's database as restow last read it, by kind: file (the fullest member's file), in_use (the bytes in use in it; the file where restow reads the API server's metrics), quota (the smallest member quota, or --etcd-quota).",
+	}, []string{"kind"})
+	etcdSpaceWaits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "restow_etcd_space_waits_total",
+		Help: "Times a pass waited for etcd to compact past restow's rewrites before it wrote more: 0 where the byte budget never binds.",
+	})
+	etcdCompactionsSeen = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "restow_etcd_compactions_seen_total",
+		Help: "Compactions restow saw pass its rewrites while it waited for room (each frees the values its rewrites replaced).",
+	})
+	etcdSpaceReadings = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "restow_etcd_space_readings_total",
+		Help: "Reads of etcd's database size (one Status per member and the alarm list with --etcd-endpoints; else one read of the API server's metrics).",
+	})
+	etcdWritesBlocked = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "restow_etcd_writes_blocked",
+		Help: "1 while restow writes nothing for etcd's sake, by reason: EtcdAlarm (a member reports an alarm), EtcdQuota (not one more object fits), EtcdNotCompacting (no compaction passed its rewrites in time).",
+	}, []string{"reason"})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "restow_build_info",
 		Help: "Always 1; its labels tell the running manager's version, source revision and Go version.",
@@ -61,7 +91,8 @@ var (
 func init() {
 	info := version.Get()
 	buildInfo.WithLabelValues(info.Version, info.GitCommit, info.GoVersion).Set(1)
-	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesRunning, passesTotal, passDuration, storedVersionsPrunes, migrationStalled, baselineUnprovenGauge, buildInfo)
+	metrics.Registry.MustRegister(objectsTotal, remainingObjects, passConcurrency, passesRunning, passesTotal, passDuration, storedVersionsPrunes, migrationStalled, baselineUnprovenGauge, buildInfo,
+		etcdBytesAlive, etcdBudgetBytes, etcdDatabaseBytes, etcdSpaceWaits, etcdCompactionsSeen, etcdSpaceReadings, etcdWritesBlocked)
 }
 
 // runEnd is the end of a run, as the metrics count it.
@@ -132,4 +163,31 @@ func recordGauges(sm *migrationv1alpha1.StorageMigration, out outcome) {
 func forgetGauges(name string) {
 	migrationStalled.DeletePartialMatch(prometheus.Labels{"storagemigration": name})
 	baselineUnprovenGauge.DeletePartialMatch(prometheus.Labels{"storagemigration": name})
+}
+
+// spaceRecorder sets the etcd space metrics from the Migrator's budget
+// (package quota), whenever its stats change.
+func spaceRecorder() func(quota.Stats) {
+	var mu sync.Mutex
+	var last quota.Stats
+	return func(s quota.Stats) {
+		mu.Lock()
+		defer mu.Unlock()
+		etcdBytesAlive.Set(float64(s.AliveBytes))
+		etcdBudgetBytes.Set(float64(s.BudgetBytes))
+		etcdDatabaseBytes.WithLabelValues("file").Set(float64(s.Last.FileBytes))
+		etcdDatabaseBytes.WithLabelValues("in_use").Set(float64(s.Last.InUseBytes))
+		etcdDatabaseBytes.WithLabelValues("quota").Set(float64(s.Last.QuotaBytes))
+		etcdSpaceWaits.Add(float64(max(s.Waits-last.Waits, 0)))
+		etcdSpaceReadings.Add(float64(max(s.Readings-last.Readings, 0)))
+		etcdCompactionsSeen.Add(float64(max(s.Compactions-last.Compactions, 0)))
+		for _, reason := range []string{quota.ReasonAlarm, quota.ReasonQuota, quota.ReasonNotCompacting} {
+			blocked := 0.0
+			if s.Blocked == reason {
+				blocked = 1
+			}
+			etcdWritesBlocked.WithLabelValues(reason).Set(blocked)
+		}
+		last = s
+	}
 }

@@ -87,6 +87,9 @@ type Options struct {
 	// in ReEncrypt reads every API server's encryption state when nothing
 	// else wakes it; zero means DefaultEncryptionCheckInterval.
 	EncryptionCheckInterval time.Duration
+	// Space says how passes learn etcd's room (migrator.SpaceOptions);
+	// Setup sets its Changed to the manager's metrics.
+	Space migrator.SpaceOptions
 	// UnknownResourceGrace is how long a served StorageVersionMigration of a
 	// resource that does not exist waits before it ends Failed; zero means
 	// a minute, as the in-tree controller waits.
@@ -103,6 +106,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	m.MaxBuiltInPasses = opts.MaxBuiltInPasses
 	m.APIServerAddresses, m.LagLimit = opts.APIServerAddresses, opts.LagLimit
 	m.ReEncrypt = opts.ReEncrypt
+	m.Space = opts.Space
+	m.Space.Changed = spaceRecorder()
 	m.SlotsChanged = func(running int) { passesRunning.Set(float64(running)) }
 	recorder := mgr.GetEventRecorder("restow")
 	standard, err := standardMigrations(ctx, mgr, m, opts)

@@ -295,6 +295,8 @@ func (r *StorageMigrationReconciler) ended(ctx context.Context, sm *migrationv1a
 		return out, transientRetryDelay
 	case nextStalled:
 		return out, r.runs.stalled.When(sm.Name)
+	case nextSpace:
+		return out, r.StalledRetryBase
 	}
 	// The run reached its end without failures.
 	r.runs.stalled.Forget(sm.Name)

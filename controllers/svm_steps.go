@@ -164,6 +164,11 @@ func (r *StorageVersionMigrationReconciler) follow(ctx context.Context, rn *run,
 	case v.next == nextResume:
 		cp := state.progress.Checkpoint
 		out.resume, out.running, out.requeue = &cp, v.message, r.runs.stalled.When(m.Name)
+	case v.next == nextSpace:
+		// Failed is final for a StorageVersionMigration: etcd's room comes
+		// back, so the run resumes instead, and says why it waits.
+		cp := state.progress.Checkpoint
+		out.resume, out.running, out.requeue = &cp, v.message, r.StalledRetryBase
 	default:
 		// The CRD changed under the run: a new run starts.
 		out.running, out.requeue = v.message, restartDelay

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
@@ -29,7 +30,14 @@ const (
 	nextResume
 	// nextStalled: retried with the stalled backoff.
 	nextStalled
+	// nextSpace: stopped for etcd's room (an alarm, the quota, no
+	// compaction); resumed at the stalled backoff's base, since a look
+	// costs one reading and the room comes back when a person acts.
+	nextSpace
 )
+
+// spaceReasons are the Stalled reasons of etcd's room (package quota).
+var spaceReasons = sets.New(migrationv1alpha1.EtcdAlarmReason, migrationv1alpha1.EtcdQuotaReason, migrationv1alpha1.EtcdNotCompactingReason)
 
 // verdict is what the end of a run means: the outcome (with the event that
 // announces it, if any), what comes next, and what status keeps of it.
@@ -59,9 +67,15 @@ func judge(target migrator.Target, state runState, now time.Time) verdict {
 			next: nextRestart, result: "restarted"}
 	case errors.As(err, &stalledErr):
 		reason := stalledErr.Why()
-		return verdict{outcome: stalled(reason, stalledErr.Message).
+		v := verdict{outcome: stalled(reason, stalledErr.Message).
 			withEvents(stepEvent{corev1.EventTypeWarning, reason, "Migrate", stalledErr.Message}),
 			next: nextStalled, result: "stalled"}
+		if spaceReasons.Has(reason) {
+			// The objects rewritten so far stay rewritten: the next run
+			// resumes, as soon as etcd may have room.
+			v.next, v.checkpoint = nextSpace, true
+		}
+		return v
 	case err != nil:
 		return verdict{outcome: reconciling(migrationv1alpha1.TransientErrorReason, "The pass paused after transient errors and resumes shortly: "+migrator.Message(err)),
 			next: nextResume, result: "transient", checkpoint: true}
@@ -103,6 +117,8 @@ func runUnderWay(target migrator.Target, p migrator.Progress, status *migrationv
 	switch {
 	case p.Retrying != "":
 		return reconciling(migrationv1alpha1.TransientErrorReason, "Retrying after a transient error: "+p.Retrying)
+	case p.WaitingForSpace != "":
+		return reconciling(migrationv1alpha1.WaitingForEtcdSpaceReason, p.WaitingForSpace)
 	case p.WaitingForSlot && target.CRD == nil:
 		return reconciling(migrationv1alpha1.ProgressingReason, "Waiting for one of the passes that run at once (--max-concurrent-passes, and --max-concurrent-builtin-passes for built-in resources) to end")
 	case p.WaitingForSlot:

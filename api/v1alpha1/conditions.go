@@ -82,6 +82,27 @@ const (
 	// is retried with backoff.
 	APIServerLaggingReason = "APIServerLagging"
 
+	// WaitingForEtcdSpaceReason (Reconciling=True, Ready=False): the pass's
+	// rewrites keep as many bytes alive in etcd as its budget allows until
+	// a compaction; it waits for one before it writes more.
+	WaitingForEtcdSpaceReason = "WaitingForEtcdSpace"
+
+	// EtcdAlarmReason (Stalled=True, Ready=False): an etcd member reports
+	// an alarm (NOSPACE: etcd refuses every write); restow writes nothing
+	// until it is disarmed, and tries again at --stalled-retry-base.
+	EtcdAlarmReason = "EtcdAlarm"
+
+	// EtcdQuotaReason (Stalled=True, Ready=False): not one more object fits
+	// under etcd's quota with restow's margin; restow stopped before etcd
+	// would raise its NOSPACE alarm, and tries again at
+	// --stalled-retry-base.
+	EtcdQuotaReason = "EtcdQuota"
+
+	// EtcdNotCompactingReason (Stalled=True, Ready=False): restow's rewrites
+	// spent its budget and no compaction passed them within the bound; it
+	// tries again at --stalled-retry-base.
+	EtcdNotCompactingReason = "EtcdNotCompacting"
+
 	// StatusRefusedReason (Stalled=True, Ready=False): the API server refused
 	// to store the status a pass wrote (an admission policy or webhook on
 	// StorageMigrations, a status that does not validate); the pass cannot

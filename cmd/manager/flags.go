@@ -20,6 +20,7 @@ import (
 
 	"github.com/restow/restow/internal/logging"
 	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/migrator/quota"
 )
 
 // maxPasses bounds --max-concurrent-passes: each pass may hold pages of
@@ -92,6 +93,8 @@ func takes(v flag.Value) string {
 		return "a number"
 	case bool:
 		return "true or false"
+	case quota.Bytes:
+		return "a size, such as 2Gi or 512Mi"
 	}
 	return "valid"
 }
@@ -134,7 +137,7 @@ func parse(args []string, stdout io.Writer) (*options, error) {
 // validate checks the values of the flags, before the manager reaches the
 // API server, and returns the parsed --auto-migrate-selector.
 func (o *options) validate() (labels.Selector, error) {
-	checks := slices.Concat(o.passChecks(), o.clientChecks(), o.triggerChecks(), o.serveChecks())
+	checks := slices.Concat(o.passChecks(), o.clientChecks(), o.triggerChecks(), o.serveChecks(), o.etcd.checks())
 	for _, check := range checks {
 		if err := check(); err != nil {
 			return nil, err

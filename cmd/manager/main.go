@@ -69,10 +69,12 @@ type options struct {
 	encryptionCheck      time.Duration
 	builtInExclude       string
 	printVersion         bool
+	etcd                 etcdOptions
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.logging.BindFlags(fs)
+	o.etcd.bindFlags(fs)
 	fs.BoolVar(&o.printVersion, "version", false, "Print the version and exit.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig file to reach the API server with; empty uses $KUBECONFIG, then the in-cluster service account.")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", `Address of the metrics endpoint; "0" turns it off.`)
@@ -247,8 +249,11 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	ctx := ctrl.SetupSignalHandler()
-	err = controllers.Setup(ctx, mgr, opts.controllerOptions(selector, apiServers))
-	if err != nil {
+	controllerOpts := opts.controllerOptions(selector, apiServers)
+	if controllerOpts.Space, err = opts.etcd.space(); err != nil {
+		return err
+	}
+	if err = controllers.Setup(ctx, mgr, controllerOpts); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -257,7 +262,7 @@ func run(args []string, stdout io.Writer) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("Starting manager", "version", version.Get().Version, "migrates", opts.whatItDoes())
+	log.Info("Starting manager", "version", version.Get().Version, "migrates", opts.whatItDoes(), "etcdSpace", opts.etcd.etcdSource())
 	return mgr.Start(ctx)
 }
 

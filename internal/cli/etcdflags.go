@@ -8,11 +8,10 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/restow/restow/internal/migrator/quota"
 	"github.com/restow/restow/internal/verify"
 )
 
@@ -77,25 +76,11 @@ var etcdDialOptions []grpc.DialOption
 // dialEtcd connects to etcd as etcdctl would with the same flags. The client
 // is handed on as a verify.Reader: range reads only.
 func (o etcdFlags) dialEtcd() (*clientv3.Client, error) {
-	cfg := clientv3.Config{
-		Endpoints:   o.endpoints,
-		DialTimeout: o.connectTimeout,
-		Logger:      zap.NewNop(),
-		DialOptions: etcdDialOptions,
-	}
-	if o.cacert != "" || o.cert != "" {
-		tlsInfo := transport.TLSInfo{CertFile: o.cert, KeyFile: o.key, TrustedCAFile: o.cacert}
-		tlsConfig, err := tlsInfo.ClientConfig()
-		if err != nil {
-			return nil, fmt.Errorf("etcd client certificates: %w", err)
-		}
-		cfg.TLS = tlsConfig
-	}
-	etcd, err := clientv3.New(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connecting to etcd at %s: %w", strings.Join(o.endpoints, ","), err)
-	}
-	return etcd, nil
+	return o.access().Dial(etcdDialOptions...)
+}
+
+func (o etcdFlags) access() quota.Access {
+	return quota.Access{Endpoints: o.endpoints, CACert: o.cacert, Cert: o.cert, Key: o.key, DialTimeout: o.connectTimeout}
 }
 
 // reachable reads the number of keys under the prefix, within

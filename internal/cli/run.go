@@ -40,6 +40,8 @@ type runOptions struct {
 	// live one: a pass that resolves another (it moved back meanwhile)
 	// does not start.
 	expectStorage string
+	// space says how the pass learns etcd's room.
+	space spaceFlags
 }
 
 func newRunCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -96,6 +98,7 @@ rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
 	cmd.Flags().StringVar(&opts.apiServers, "apiservers", "", "Comma-separated host:port of API servers besides those in default/kubernetes's EndpointSlices: each counts as one, and the pass reads its discovery there (certificate verified as kubernetes.default.svc).")
 	cmd.Flags().BoolVar(&opts.several, "assume-several-apiservers", false, "Wait for --apiserver-lag-bound without counting the API servers (for API servers that share a host name and publish no address of their own in default/kubernetes's endpoints).")
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", 0, "Give up after this long (0: no limit).")
+	opts.space.add(cmd.Flags())
 	addAllNamespacesFlag(cmd, &allNamespaces)
 	return cmd
 }
@@ -110,6 +113,7 @@ func (o runOptions) validate() error {
 		atLeast("apiserver-lag-limit", o.lagLimit, "apiserver-lag-bound", o.lagBound),
 		apiServerList(o.apiServers),
 		zeroOrPositive("timeout", o.timeout),
+		o.space.validate(),
 	} {
 		if err != nil {
 			return err
@@ -119,6 +123,11 @@ func (o runOptions) validate() error {
 }
 
 func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts runOptions) error {
+	closeEtcd, err := opts.space.apply(c.migrator)
+	if err != nil {
+		return err
+	}
+	defer closeEtcd()
 	gr, target, err := runTarget(ctx, c, streams, arg, opts)
 	if err != nil {
 		return err
@@ -199,6 +208,7 @@ func dryRun(ctx context.Context, c *clients, streams genericiooptions.IOStreams,
 		return fmt.Errorf("listing %s: %w", gr, err)
 	}
 	fmt.Fprintf(streams.Out, "Dry run: a pass would rewrite %d objects of %s%s so they are stored at %s.\n", n, gr, inNamespace(target), version)
+	printSpace(ctx, streams.Out, c.migrator, target, n)
 	if crd := target.CRD; crd != nil && opts.prune && !target.Partial() && !slices.Equal(crd.StoredVersions, []string{version}) {
 		fmt.Fprintf(streams.Out, "Then status.storedVersions of CRD %s would go from %v to [%s].\n", crd.Name, crd.StoredVersions, version)
 	}
@@ -212,7 +222,7 @@ func runObserver(streams genericiooptions.IOStreams, bar *progress, prunes bool)
 	// The observer runs on the pass's goroutines: one at a time here.
 	var mu sync.Mutex
 	var phase migrator.Phase
-	var switching string
+	var switching, space string
 	return func(p migrator.Progress) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -220,6 +230,11 @@ func runObserver(streams genericiooptions.IOStreams, bar *progress, prunes bool)
 			switching = p.Switching
 			if switching != "" {
 				fmt.Fprintln(streams.ErrOut, switching+".")
+			}
+		}
+		if p.WaitingForSpace != space {
+			if space = p.WaitingForSpace; space != "" {
+				fmt.Fprintln(streams.ErrOut, space+".")
 			}
 		}
 		if p.Phase == migrator.PhaseRewriting {

@@ -288,7 +288,7 @@ func ParseEncryptionMetrics(raw []byte) (EncryptionState, error) {
 var readFamilies = []string{configInfoMetric, kmsKeyIDMetric, reloadsMetric, processStartMetric}
 
 func parseServerMetrics(raw []byte) (serverReading, error) {
-	kept, err := keepFamilies(raw)
+	kept, err := keepFamilies(raw, readFamilies)
 	if err != nil {
 		return serverReading{}, err
 	}
@@ -341,17 +341,17 @@ func parseServerMetrics(raw []byte) (serverReading, error) {
 	return r, nil
 }
 
-// keepFamilies keeps, of a server's /metrics text, the lines of the
-// families encryption reads (readFamilies): the rest, most of the text, is
-// never parsed.
-func keepFamilies(raw []byte) (*bytes.Buffer, error) {
+// keepFamilies keeps, of a server's /metrics text, the lines of families
+// (readFamilies for encryption): the rest, most of the text, is never
+// parsed.
+func keepFamilies(raw []byte, families []string) (*bytes.Buffer, error) {
 	var kept bytes.Buffer
 	lines := bufio.NewScanner(bytes.NewReader(raw))
 	lines.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	for lines.Scan() {
 		line := lines.Bytes()
 		name := bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("# HELP ")), []byte("# TYPE "))
-		if slices.ContainsFunc(readFamilies, func(f string) bool {
+		if slices.ContainsFunc(families, func(f string) bool {
 			return bytes.HasPrefix(name, []byte(f)) && len(name) > len(f) && (name[len(f)] == ' ' || name[len(f)] == '{')
 		}) {
 			kept.Write(line)

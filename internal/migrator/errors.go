@@ -34,6 +34,9 @@ const (
 	// alreadyStored: the API server accepted the rewrite and wrote nothing,
 	// since the object was already stored at the target version.
 	alreadyStored
+	// halted: restow itself stops the pass (a *StalledError: etcd's room,
+	// package quota) before it sends the write.
+	halted
 )
 
 func (o fate) String() string {
@@ -42,9 +45,12 @@ func (o fate) String() string {
 
 // classify maps the error of one rewrite (or list) to a fate.
 func classify(err error) fate {
+	var stalled *StalledError
 	switch {
 	case err == nil:
 		return migrated
+	case errors.As(err, &stalled):
+		return halted
 	case apierrors.IsConflict(err), apierrors.IsNotFound(err), apierrors.IsGone(err) && !apierrors.IsResourceExpired(err):
 		return skipped
 	case apierrors.IsMethodNotSupported(err):
@@ -269,6 +275,8 @@ func (e *WaitError) Error() string { return "waiting: " + e.Message }
 func (mg *migration) passError(doing string, err error) error {
 	gr := mg.target.Resource.GroupResource()
 	switch classify(err) {
+	case halted:
+		return err
 	case skipped:
 		if apierrors.IsNotFound(err) {
 			// The list itself found no resource: its CRD is gone.

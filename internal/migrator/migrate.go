@@ -171,6 +171,8 @@ type migration struct {
 	// isolated counts the pages taken apart to pass over an object that no
 	// served version lists (isolate.go).
 	isolated atomic.Int64
+	// spaceState holds what the pass knows of its objects' sizes (space.go).
+	spaceState
 
 	mu sync.Mutex
 	// cp is committed at page boundaries.
@@ -180,8 +182,11 @@ type migration struct {
 	// waitingForSlot is set while the pass waits for a slot among the
 	// passes that run at once.
 	waitingForSlot bool
-	settleUntil    time.Time
-	stopErr        error
+	// waitingForSpace says what the pass waits for before it writes more
+	// (a compaction past its writes, space.go), or "".
+	waitingForSpace string
+	settleUntil     time.Time
+	stopErr         error
 	// switchedBy is when every API server stores at the target version.
 	switchedBy time.Time
 	// switching says what the first pass waits for while it waits for API

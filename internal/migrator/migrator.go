@@ -45,6 +45,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/restow/restow/internal/migrator/pace"
+	"github.com/restow/restow/internal/migrator/quota"
 )
 
 // Migrator runs migrations. Its clients must not be cached: every decision is
@@ -119,6 +120,11 @@ type Migrator struct {
 	// every API server loaded into Target.Encryption, and waits until they
 	// agree.
 	ReEncrypt []schema.GroupResource
+	// Space says how passes learn etcd's room, which all of them share
+	// (space.go, package quota).
+	Space     SpaceOptions
+	spaceOnce sync.Once
+	budget    *quota.Budget
 	// probes holds a discovery client per API server address, listers a
 	// metadata client.
 	probes, listers sync.Map

@@ -21,7 +21,7 @@ func (mg *migration) report() {
 func (mg *migration) progress() Progress {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, Switching: mg.switching, SettleUntil: mg.settleUntil, WaitingForSlot: mg.waitingForSlot}
+	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, Switching: mg.switching, SettleUntil: mg.settleUntil, WaitingForSlot: mg.waitingForSlot, WaitingForSpace: mg.waitingForSpace}
 	if mg.pace != nil {
 		p.Concurrency = mg.pace.Limit()
 	}
@@ -33,6 +33,12 @@ func (mg *migration) progress() Progress {
 // that run at once to end (Migrator.MaxPasses).
 func (mg *migration) setWaitingForSlot(waiting bool) {
 	setReported(mg, &mg.waitingForSlot, waiting)
+}
+
+// setWaitingForSpace says what the pass waits for before it writes more
+// (space.go), or "".
+func (mg *migration) setWaitingForSpace(msg string) {
+	setReported(mg, &mg.waitingForSpace, msg)
 }
 
 func (mg *migration) setRetrying(msg string) {

@@ -239,6 +239,10 @@ type Progress struct {
 	// WaitingForSlot is set while the pass waits for one of the passes
 	// that run at once to end (Migrator.MaxPasses).
 	WaitingForSlot bool
+	// WaitingForSpace, while the pass waits for etcd to compact past its
+	// rewrites before it writes more (package quota), says the sizes; ""
+	// otherwise.
+	WaitingForSpace string
 }
 
 // Result is what a migration that reached its end returns.

@@ -95,7 +95,20 @@ var errBodyStale = errors.New("the listed body is older than maxBodyAge")
 // a body pruned by the old schema (errBodyStale). For the same reason client-go
 // never sends the body again by itself after a 429: the answer comes back
 // here, and the next attempt checks the age again.
-func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetadata, body json.RawMessage, listed time.Time) (bool, error) {
+func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetadata, body json.RawMessage, listed time.Time) (wrote bool, err error) {
+	cost, err := mg.takeSpace(ctx, int64(len(body)))
+	if err != nil {
+		return false, err
+	}
+	// What the write spent of etcd's room: nothing until it is sent.
+	written, sent := obj.ResourceVersion, false
+	defer func() {
+		if sent {
+			mg.spaceSpent(cost, obj.ResourceVersion, written, err)
+		} else {
+			mg.spaceSpent(cost, "", "", nil)
+		}
+	}()
 	if err := mg.pace.Acquire(ctx); err != nil {
 		return false, err
 	}
@@ -110,7 +123,7 @@ func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetada
 	// patch that follows answers 409), and is re-checked.
 	putCtx, cancel := context.WithDeadline(ctx, listed.Add(maxBodyAge))
 	defer cancel()
-	start := mg.pace.Now()
+	start, sent := mg.pace.Now(), true
 	data, err := answer(mg.request(mg.m.Objects.Put(), obj.Namespace, obj.Name).
 		MaxRetries(0).
 		Param("fieldValidation", metav1.FieldValidationIgnore).
@@ -119,23 +132,27 @@ func (mg *migration) update(ctx context.Context, obj *metav1.PartialObjectMetada
 		Body([]byte(body)).
 		Do(putCtx))
 	if err != nil && ctx.Err() == nil && putCtx.Err() != nil {
+		// The API server may have taken it: its bytes count until a
+		// compaction.
 		mg.pace.Cancel()
+		written = ""
 		return false, errBodyStale
 	}
 	mg.pace.Release(start, err)
 	if err != nil {
 		return false, err
 	}
-	var written metav1.PartialObjectMetadata
-	if err := utiljson.Unmarshal(data, &written); err != nil {
+	var answer metav1.PartialObjectMetadata
+	if err := utiljson.Unmarshal(data, &answer); err != nil {
+		written = ""
 		return false, fmt.Errorf("decoding the answer to a rewrite of %s: %w", klog.KObj(obj), err)
 	}
-	if written.ResourceVersion == "" {
+	if written = answer.ResourceVersion; written == "" {
 		return false, fmt.Errorf("the answer to a rewrite of %s has no resourceVersion", klog.KObj(obj))
 	}
 	mg.successes.Add(1)
-	mg.noteOwnWrite(written.ResourceVersion)
-	return written.ResourceVersion != obj.ResourceVersion, nil
+	mg.noteOwnWrite(written)
+	return written != obj.ResourceVersion, nil
 }
 
 // rewrite brings one object to the storage version and counts how. It
@@ -366,15 +383,22 @@ func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadat
 	if err != nil {
 		return false, err
 	}
+	cost, err := mg.takeSpace(ctx, mg.objectBytes(ctx))
+	if err != nil {
+		return false, err
+	}
 	if err := mg.pace.Acquire(ctx); err != nil {
+		mg.spaceSpent(cost, "", "", nil)
 		return false, err
 	}
 	start := mg.pace.Now()
 	written, err := mg.client(obj.Namespace).Patch(ctx, obj.Name, types.MergePatchType, data, metav1.PatchOptions{}, subresources...)
 	mg.pace.Release(start, err)
 	if err != nil {
+		mg.spaceSpent(cost, obj.ResourceVersion, "", err)
 		return false, err
 	}
+	mg.spaceSpent(cost, obj.ResourceVersion, written.ResourceVersion, nil)
 	mg.successes.Add(1)
 	mg.noteOwnWrite(written.ResourceVersion)
 	return written.ResourceVersion != obj.ResourceVersion, nil

@@ -1,0 +1,158 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeSource is etcd as a table: a file that grows with what is written
+// and not freed, a compaction revision the test moves.
+type fakeSource struct {
+	mu        sync.Mutex
+	file      int64
+	inUse     int64
+	quota     int64
+	alarms    []string
+	compacted int64
+	reads     int
+}
+
+func (f *fakeSource) Read(context.Context) (Reading, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	return Reading{FileBytes: f.file, InUseBytes: f.inUse, QuotaBytes: f.quota, Alarms: f.alarms, Source: SourceEtcd}, nil
+}
+
+func (f *fakeSource) Compacted(_ context.Context, revision int64) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return revision < f.compacted, nil
+}
+
+// write is one rewrite of size bytes: acquired, then stored at revision
+// with its bytes alive in the fake etcd.
+func write(t *testing.T, b *Budget, f *fakeSource, size, revision int64) error {
+	t.Helper()
+	cost, err := b.Acquire(t.Context(), size, nil, nil)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.inUse += cost
+	f.file = max(f.file, f.inUse)
+	f.mu.Unlock()
+	b.Spend(cost, revision)
+	return nil
+}
+
+const mib = 1 << 20
+
+func TestBudgetKeepsToHalfTheRoom(t *testing.T) {
+	f := &fakeSource{file: 150 * mib, inUse: 150 * mib, quota: 256 * mib}
+	b := New(f)
+	// Room besides restow's own: 256 - 2 (margin) - 150 = 104 MiB; half.
+	written := int64(0)
+	for rev := int64(1); ; rev++ {
+		if b.reserve(Cost(500 << 10)) {
+			b.Release(Cost(500 << 10))
+		} else if b.read {
+			break
+		}
+		if err := write(t, b, f, 500<<10, rev); err != nil {
+			t.Fatal(err)
+		}
+		written += Cost(500 << 10)
+		if written > 200*mib {
+			t.Fatal("the budget never bound")
+		}
+	}
+	if budget := int64(52 * mib); written > budget || written < budget-mib {
+		t.Errorf("wrote %s before waiting, want about half the room, %s", MiB(written), MiB(budget))
+	}
+}
+
+func TestBudgetWaitsForCompaction(t *testing.T) {
+	f := &fakeSource{file: 100 * mib, inUse: 100 * mib, quota: 128 * mib}
+	b := New(f)
+	b.now = time.Now
+	for rev := int64(1); rev <= 12; rev++ {
+		if err := write(t, b, f, mib, rev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- write(t, b, f, mib, 13) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a write past the budget went ahead without a compaction: %v (%s)", err, b.Describe())
+	case <-time.After(3 * compactionPoll):
+	}
+	// A compaction past revision 6: their bytes are freed.
+	f.mu.Lock()
+	f.compacted, f.inUse = 7, f.inUse-6*Cost(mib)
+	f.mu.Unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if s := b.Stats(); s.Waits != 1 || s.Compactions != 1 {
+		t.Errorf("stats %+v, want one wait and one compaction seen", s)
+	}
+}
+
+func TestBudgetStalls(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		source *fakeSource
+		alive  bool
+		reason string
+	}{
+		{"an alarm", &fakeSource{file: mib, inUse: mib, quota: 128 * mib, alarms: []string{"NOSPACE on member 1"}}, false, ReasonAlarm},
+		{"no room for one object", &fakeSource{file: 127 * mib, inUse: 20 * mib, quota: 128 * mib}, false, ReasonQuota},
+		{"no compaction", &fakeSource{file: 100 * mib, inUse: 100 * mib, quota: 128 * mib}, true, ReasonNotCompacting},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := New(tc.source)
+			b.CompactionBound = 2 * compactionPoll
+			var err error
+			for rev := int64(1); err == nil && rev < 100; rev++ {
+				err = write(t, b, tc.source, mib, rev)
+			}
+			var stalled *ErrStalled
+			if !errors.As(err, &stalled) || stalled.Reason != tc.reason {
+				t.Fatalf("got %v, want a stall for %s", err, tc.reason)
+			}
+			if b.Stats().Blocked != tc.reason {
+				t.Errorf("Blocked = %q", b.Stats().Blocked)
+			}
+		})
+	}
+}
+
+func TestBudgetLimitFlag(t *testing.T) {
+	f := &fakeSource{file: mib, inUse: mib, quota: 2 << 30}
+	b := New(f)
+	b.LimitBytes = 4 * mib
+	b.CompactionBound = compactionPoll
+	var err error
+	n := 0
+	for rev := int64(1); err == nil; rev++ {
+		if err = write(t, b, f, mib-1024, rev); err == nil {
+			n++
+		}
+	}
+	if n != 4 {
+		t.Errorf("%d writes of about a MiB within a budget of 4 MiB, want 4", n)
+	}
+}
+
+func TestCost(t *testing.T) {
+	for size, want := range map[int64]int64{0: 512, 1000: 1512, 4000: 8192, 500 << 10: 516096} {
+		if got := Cost(size); got != want {
+			t.Errorf("Cost(%d) = %d, want %d", size, got, want)
+		}
+	}
+}

@@ -1,0 +1,177 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/restow/restow/internal/migrator/pace"
+)
+
+// What a budget does when a write does not fit: read again, wait for a
+// compaction past restow's oldest writes, or stop. One waiter at a time
+// reads and polls; the others find the room it made.
+
+// makeRoom reads again, or waits for a compaction, until a write of cost
+// might fit; it returns an *ErrStalled when it cannot without a person.
+func (b *Budget) makeRoom(ctx context.Context, cost int64, compacted Compacted, waiting func(string)) error {
+	b.slow.Lock()
+	defer b.slow.Unlock()
+	if b.mayReadAgain() {
+		return b.refresh(ctx)
+	}
+	b.mu.Lock()
+	stalled, fits, alive, pending := b.stalled, b.fits(cost), len(b.alive) > 0, b.pending > 0
+	b.mu.Unlock()
+	switch {
+	case stalled != nil:
+		// Until a reading says otherwise.
+		return stalled
+	case fits:
+		return nil
+	case alive:
+		return b.waitForCompaction(ctx, compacted, waiting)
+	case pending:
+		// Writes in flight will be alive, or released, soon.
+		return pace.SleepUntil(ctx, b.now().Add(50*time.Millisecond))
+	}
+	return b.stall(ReasonQuota, fmt.Sprintf(
+		"an object of %s does not fit under etcd's quota with restow's margin of %s, and no rewrite of restow's is waiting for a compaction: %s. Before etcd raises its NOSPACE alarm, which refuses every write in the cluster: defragment each etcd member in turn (etcdctl defrag --endpoints=<one member>), or raise --quota-backend-bytes; if the alarm was raised, disarm it after (etcdctl alarm disarm). restow goes on by itself once there is room",
+		MiB(cost), MiB(b.marginNow()), b.Describe()))
+}
+
+// mayReadAgain: nothing was read yet, or the last reading is older than
+// refreshAtMost, or writes are stopped (read to see whether they may go on).
+func (b *Budget) mayReadAgain() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.read || b.now().Sub(b.readAt) >= refreshAtMost
+}
+
+// refresh reads the source, and stops writes while a member reports an
+// alarm.
+func (b *Budget) refresh(ctx context.Context) error {
+	r, err := b.source.Read(ctx)
+	b.readings.Add(1)
+	if err != nil {
+		return fmt.Errorf("reading etcd's database size, which restow writes only within: %w", err)
+	}
+	if r.QuotaBytes <= 0 {
+		r.QuotaBytes = DefaultQuotaBytes
+	}
+	b.mu.Lock()
+	b.reading, b.read, b.readAt, b.blocked, b.stalled = r, true, b.now(), "", nil
+	b.mu.Unlock()
+	if len(r.Alarms) > 0 {
+		return b.stall(ReasonAlarm, fmt.Sprintf(
+			"etcd reports %s: it refuses writes, and restow writes nothing until the alarm is disarmed. Free space first: compact, defragment each member in turn (etcdctl defrag), or raise --quota-backend-bytes; then etcdctl alarm disarm. restow goes on by itself once no member reports an alarm (%s)",
+			strings.Join(r.Alarms, ", "), b.Describe()))
+	}
+	b.notify(b.Stats())
+	return nil
+}
+
+// waitForCompaction polls until a compaction frees some of restow's writes,
+// or stops once the oldest has waited CompactionBound.
+func (b *Budget) waitForCompaction(ctx context.Context, compacted Compacted, waiting func(string)) error {
+	b.waits.Add(1)
+	b.notify(b.Stats())
+	if waiting != nil {
+		waiting("Waiting for etcd to compact past restow's rewrites before writing more: " + b.Describe())
+		defer waiting("")
+	}
+	for {
+		freed, err := b.collect(ctx, compacted)
+		if err != nil {
+			return err
+		}
+		if freed {
+			b.compacts.Add(1)
+			b.mu.Lock()
+			b.readAt = time.Time{} // the bytes freed show in the next reading
+			b.mu.Unlock()
+			return nil
+		}
+		b.mu.Lock()
+		oldest := b.alive[0].ended
+		b.mu.Unlock()
+		if waited := b.now().Sub(oldest); waited >= b.CompactionBound {
+			return b.stall(ReasonNotCompacting, fmt.Sprintf(
+				"restow's rewrites keep %s alive in etcd, its budget, and no compaction has passed the oldest in %s: %s. kube-apiserver compacts every --etcd-compaction-interval (5m by default; 0 turns it off, and then etcd's own --auto-compaction-retention decides). Compact etcd, or turn compaction on; restow goes on by itself once a compaction passes its writes",
+				MiB(b.Stats().AliveBytes), waited.Round(time.Second), b.Describe()))
+		}
+		if err := pace.SleepUntil(ctx, b.now().Add(compactionPoll)); err != nil {
+			return err
+		}
+	}
+}
+
+// collect drops the writes a compaction passed, finding the newest of them
+// by halving (revisions compact in order), and reports whether it dropped any.
+func (b *Budget) collect(ctx context.Context, compacted Compacted) (bool, error) {
+	b.mu.Lock()
+	revisions := make([]int64, len(b.alive))
+	for i, s := range b.alive {
+		revisions[i] = s.revision
+	}
+	b.mu.Unlock()
+	// passed is how many of the oldest revisions a compaction passed.
+	passed, low, high := 0, 0, len(revisions)
+	for low < high {
+		mid := (low + high) / 2
+		ok, err := compacted(ctx, revisions[mid])
+		if err != nil {
+			return false, fmt.Errorf("looking for a compaction past restow's writes: %w", err)
+		}
+		if ok {
+			passed, low = mid+1, mid+1
+		} else {
+			high = mid
+		}
+	}
+	if passed == 0 {
+		return false, nil
+	}
+	b.mu.Lock()
+	// Writes spent meanwhile sort in after the ones looked at, or among
+	// them with a revision no later: a compaction past the newest looked
+	// at passed them too.
+	last := revisions[passed-1]
+	kept := b.alive[:0]
+	for _, s := range b.alive {
+		if s.revision > last {
+			kept = append(kept, s)
+		}
+	}
+	b.alive = kept
+	stats := b.statsLocked()
+	b.mu.Unlock()
+	b.notify(stats)
+	return true, nil
+}
+
+// stall stops writes for reason.
+func (b *Budget) stall(reason, message string) error {
+	err := &ErrStalled{Reason: reason, Message: message}
+	b.mu.Lock()
+	b.blocked, b.stalled = reason, err
+	stats := b.statsLocked()
+	b.mu.Unlock()
+	b.notify(stats)
+	return err
+}
+
+func (b *Budget) marginNow() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.margin()
+}
+
+// Read reads the source now, as a first write would: for an estimate
+// before any.
+func (b *Budget) Read(ctx context.Context) error {
+	b.slow.Lock()
+	defer b.slow.Unlock()
+	return b.refresh(ctx)
+}
