@@ -166,6 +166,9 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	}
 	bar.set(result.Done(), result.Listed)
 	bar.finish()
+	if s := c.migrator.SpaceStats(); s.Waits > 0 {
+		fmt.Fprintf(streams.ErrOut, "etcd's room: the pass waited %d times for a compaction past its rewrites, and saw %d (%d readings of %s).\n", s.Waits, s.Compactions, s.Readings, s.Last.Source)
+	}
 	return report(streams, gr, target, result, time.Since(start))
 }
 

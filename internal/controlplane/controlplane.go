@@ -35,6 +35,9 @@ type Options struct {
 	// dashes, such as {"etcd-compaction-interval": "5s"}. Every API server
 	// gets them.
 	APIServerArgs map[string]string
+	// EtcdArgs are extra etcd flags, without the leading dashes, such as
+	// {"quota-backend-bytes": "201326592"}.
+	EtcdArgs map[string]string
 	// APIServers is how many kube-apiservers serve on the one etcd: 1 when
 	// zero. With more, Config and the kubeconfigs reach them through a TCP
 	// balancer that hands each new connection to the next server (ha.go);
@@ -136,6 +139,14 @@ func Start(opts Options) (*ControlPlane, error) {
 	environment.ControlPlane.GetAPIServer().Configure().Set("endpoint-reconciler-type", "none")
 	for flag, value := range opts.APIServerArgs {
 		environment.ControlPlane.GetAPIServer().Configure().Set(flag, value)
+	}
+	if len(opts.EtcdArgs) > 0 {
+		if environment.ControlPlane.Etcd == nil {
+			environment.ControlPlane.Etcd = &envtest.Etcd{}
+		}
+		for flag, value := range opts.EtcdArgs {
+			environment.ControlPlane.Etcd.Configure().Set(flag, value)
+		}
 	}
 	cfg, err := environment.Start()
 	if err != nil {

@@ -184,6 +184,9 @@ func ResumeFrom(saved *Checkpoint, target Target) (cp *Checkpoint, resumed bool,
 		return saved, true, ""
 	}
 	switch {
+	case saved != nil && saved.StartTime.IsZero():
+		// Never begun (a pass stopped before its first page, as for
+		// etcd's space): nothing to resume, nothing to say.
 	case saved != nil && !saved.waitedFor(target):
 		startOver = "starting over: the interrupted pass waited less for every API server to switch than this control plane needs"
 	case saved != nil && target.CRD == nil && saved.StorageVersionHash != target.StorageVersionHash:

@@ -40,6 +40,9 @@ type Options struct {
 	// APIServerArgs are extra kube-apiserver flags, without the leading
 	// dashes, such as {"etcd-compaction-interval": "5s"}.
 	APIServerArgs map[string]string
+	// EtcdArgs are extra etcd flags, without the leading dashes, such as
+	// {"quota-backend-bytes": "201326592"}.
+	EtcdArgs map[string]string
 	// APIServers and LaggingAPIServer make a control plane of several API
 	// servers behind a balancer, one of them lagging; see controlplane.Options.
 	APIServers       int
@@ -116,7 +119,7 @@ func Main(m *testing.M, opts Options, env **Env) {
 
 func (o Options) controlPlane() controlplane.Options {
 	return controlplane.Options{
-		CRDDirectoryPaths: o.CRDDirectoryPaths, APIServerArgs: o.APIServerArgs,
+		CRDDirectoryPaths: o.CRDDirectoryPaths, APIServerArgs: o.APIServerArgs, EtcdArgs: o.EtcdArgs,
 		APIServers: o.APIServers, LaggingAPIServer: o.LaggingAPIServer, OwnAddresses: o.OwnAddresses, SharedHostName: o.SharedHostName, UnpublishedAPIServer: o.UnpublishedAPIServer,
 		StorageVersionMigrations: o.StorageVersionMigrations,
 	}

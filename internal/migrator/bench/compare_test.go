@@ -507,6 +507,11 @@ type figures struct {
 	// operator rows.
 	PeakRSSMiB   float64 `json:"peakRSSMiB,omitempty"`
 	StatusWrites float64 `json:"statusWritesPerPass,omitempty"`
+	// SpaceWaits and SpaceReadings are the manager's byte budget's, per
+	// pass: its waits for a compaction (0 where it never binds) and its
+	// reads of etcd's size.
+	SpaceWaits    float64 `json:"spaceWaitsPerPass"`
+	SpaceReadings float64 `json:"spaceReadingsPerPass,omitempty"`
 	// PassSeconds is the time of the pass, from its first request to its
 	// last object, or for the operator from the storage switch to the prune.
 	PassSeconds float64 `json:"passSeconds"`
@@ -534,6 +539,8 @@ func report(b *testing.B, fig figures) {
 	if fig.PeakRSSMiB > 0 {
 		b.ReportMetric(fig.PeakRSSMiB, "manager-peak-rss-MiB")
 		b.ReportMetric(fig.StatusWrites, "status-writes/pass")
+		b.ReportMetric(fig.SpaceWaits, "space-waits/pass")
+		b.ReportMetric(fig.SpaceReadings, "space-readings/pass")
 	} else {
 		b.ReportMetric(fig.PeakHeapGrowthMiB, "peak-heap-growth-MiB")
 	}
@@ -752,7 +759,7 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 	if err := f.env.WriteKubeconfig(kubeconfig); err != nil {
 		b.Fatal(err)
 	}
-	var requests, statusWrites float64
+	var requests, statusWrites, spaceWaits, spaceReadings float64
 	var apiserverCPU time.Duration
 	var peakRSS uint64
 	for b.Loop() {
@@ -809,6 +816,8 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		waits, readings := managerSpace(b, manager)
+		spaceWaits, spaceReadings = spaceWaits+waits, spaceReadings+readings
 		if err := manager.Stop(); err != nil {
 			b.Fatalf("%v\n%s", err, manager.Logs())
 		}
@@ -830,7 +839,23 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		PeakRSSMiB:     float64(peakRSS) / (1 << 20),
 		StatusWrites:   statusWrites / float64(b.N),
 		PassSeconds:    b.Elapsed().Seconds() / float64(b.N),
+		SpaceWaits:     spaceWaits / float64(b.N),
+		SpaceReadings:  spaceReadings / float64(b.N),
 	})
+}
+
+// managerSpace reads what the manager's byte budget did (package quota):
+// its waits for a compaction and its reads of etcd's size.
+func managerSpace(b *testing.B, manager *operator.Process) (waits, readings float64) {
+	b.Helper()
+	waits, err := manager.Metric(b.Context(), "restow_etcd_space_waits_total", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if readings, err = manager.Metric(b.Context(), "restow_etcd_space_readings_total", nil); err != nil {
+		b.Fatal(err)
+	}
+	return waits, readings
 }
 
 // pruneStoredVersions leaves only the storage version in the CRD's

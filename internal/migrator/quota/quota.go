@@ -29,10 +29,11 @@ import (
 // inside it (U; the file where the source cannot see inside), and the quota
 // (Q). Restow's own bytes alive (A) are its rewrites no compaction is known
 // to have passed; those that ended before the reading are in U already
-// (included). The margin (M) is at least the largest value etcd takes
-// (--max-request-bytes, 1.5 MiB by default) and the largest object restow
-// wrote: a large value needs contiguous free pages, and bbolt grows the
-// file when none are left. A write of c bytes goes ahead when both hold:
+// (included). The margin (M) is the largest value etcd takes
+// (--max-request-bytes, 1.5 MiB by default; more if restow wrote a larger
+// one) and one step of bbolt's file growth (16 MiB): a large value needs
+// contiguous free pages, and bbolt grows the file by a step when none are
+// left. A write of c bytes goes ahead when both hold:
 //
 //   - its share: A + c stays within Share of the room besides restow's own
 //     bytes alive, Q - M - (U - included); other clients keep the rest;
@@ -59,9 +60,12 @@ const (
 	// its writes before it stops: three of kube-apiserver's default
 	// compaction intervals.
 	DefaultCompactionBound = 15 * time.Minute
-	// MinMargin is etcd's default --max-request-bytes (1.5 MiB) and room for
-	// bbolt's own pages: no value etcd takes is larger.
-	MinMargin = 2 << 20
+	// MinMargin is the room kept free under the quota whatever the sizes:
+	// etcd's default --max-request-bytes (1.5 MiB, no value etcd takes is
+	// larger) and one step of bbolt's file growth (its AllocSize, 16 MiB:
+	// past 16 MiB the file grows by that much when no free page is left),
+	// rounded up.
+	MinMargin = 18 << 20
 	// MaxValueBytes is etcd's default --max-request-bytes: the size assumed
 	// for an object whose size restow cannot know.
 	MaxValueBytes = 3 << 19
@@ -251,7 +255,7 @@ func (b *Budget) budgetBytes(included int64) int64 {
 	return max(0, int64(b.Share*float64(room)))
 }
 
-func (b *Budget) margin() int64 { return max(MinMargin, b.largest) }
+func (b *Budget) margin() int64 { return MinMargin + max(0, b.largest-MaxValueBytes) }
 
 // aliveBytes is restow's bytes alive, and those of them the reading saw.
 func (b *Budget) aliveBytes() (alive, included int64) {

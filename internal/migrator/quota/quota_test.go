@@ -54,7 +54,7 @@ const mib = 1 << 20
 func TestBudgetKeepsToHalfTheRoom(t *testing.T) {
 	f := &fakeSource{file: 150 * mib, inUse: 150 * mib, quota: 256 * mib}
 	b := New(f)
-	// Room besides restow's own: 256 - 2 (margin) - 150 = 104 MiB; half.
+	// Room besides restow's own: 256 - 18 (margin) - 150 = 88 MiB; half.
 	written := int64(0)
 	for rev := int64(1); ; rev++ {
 		if b.reserve(Cost(500 << 10)) {
@@ -70,15 +70,15 @@ func TestBudgetKeepsToHalfTheRoom(t *testing.T) {
 			t.Fatal("the budget never bound")
 		}
 	}
-	if budget := int64(52 * mib); written > budget || written < budget-mib {
+	if budget := int64(44 * mib); written > budget || written < budget-mib {
 		t.Errorf("wrote %s before waiting, want about half the room, %s", MiB(written), MiB(budget))
 	}
 }
 
 func TestBudgetWaitsForCompaction(t *testing.T) {
-	f := &fakeSource{file: 100 * mib, inUse: 100 * mib, quota: 128 * mib}
+	f := &fakeSource{file: 100 * mib, inUse: 100 * mib, quota: 192 * mib}
 	b := New(f)
-	b.now = time.Now
+	b.LimitBytes = 12 * Cost(mib)
 	for rev := int64(1); rev <= 12; rev++ {
 		if err := write(t, b, f, mib, rev); err != nil {
 			t.Fatal(err)
@@ -112,7 +112,7 @@ func TestBudgetStalls(t *testing.T) {
 	}{
 		{"an alarm", &fakeSource{file: mib, inUse: mib, quota: 128 * mib, alarms: []string{"NOSPACE on member 1"}}, false, ReasonAlarm},
 		{"no room for one object", &fakeSource{file: 127 * mib, inUse: 20 * mib, quota: 128 * mib}, false, ReasonQuota},
-		{"no compaction", &fakeSource{file: 100 * mib, inUse: 100 * mib, quota: 128 * mib}, true, ReasonNotCompacting},
+		{"no compaction", &fakeSource{file: 100 * mib, inUse: 100 * mib, quota: 160 * mib}, true, ReasonNotCompacting},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := New(tc.source)

@@ -30,14 +30,15 @@ func (b *Budget) makeRoom(ctx context.Context, cost int64, compacted Compacted, 
 		return stalled
 	case fits:
 		return nil
+	case pending:
+		// Writes in flight will be alive, or released, soon: only then
+		// does a compaction past them free anything.
+		return pace.SleepUntil(ctx, b.now().Add(50*time.Millisecond))
 	case alive:
 		return b.waitForCompaction(ctx, compacted, waiting)
-	case pending:
-		// Writes in flight will be alive, or released, soon.
-		return pace.SleepUntil(ctx, b.now().Add(50*time.Millisecond))
 	}
 	return b.stall(ReasonQuota, fmt.Sprintf(
-		"an object of %s does not fit under etcd's quota with restow's margin of %s, and no rewrite of restow's is waiting for a compaction: %s. Before etcd raises its NOSPACE alarm, which refuses every write in the cluster: defragment each etcd member in turn (etcdctl defrag --endpoints=<one member>), or raise --quota-backend-bytes; if the alarm was raised, disarm it after (etcdctl alarm disarm). restow goes on by itself once there is room",
+		"an object of %s does not fit under etcd's quota with restow's margin of %s, and no rewrite of restow's is waiting for a compaction: %s. Before etcd raises its NOSPACE alarm, which refuses every write in the cluster: defragment each etcd member in turn (etcdctl defrag --endpoints=<one member>), or raise --quota-backend-bytes; if the alarm was raised, disarm it after (etcdctl alarm disarm)",
 		MiB(cost), MiB(b.marginNow()), b.Describe()))
 }
 
@@ -52,11 +53,14 @@ func (b *Budget) mayReadAgain() bool {
 // refresh reads the source, and stops writes while a member reports an
 // alarm.
 func (b *Budget) refresh(ctx context.Context) error {
+	// Writes that ended before the read began are in it.
+	start := b.now()
 	r, err := b.source.Read(ctx)
 	b.readings.Add(1)
 	if err != nil {
 		return fmt.Errorf("reading etcd's database size, which restow writes only within: %w", err)
 	}
+	r.At = start
 	if r.QuotaBytes <= 0 {
 		r.QuotaBytes = DefaultQuotaBytes
 	}
@@ -65,7 +69,7 @@ func (b *Budget) refresh(ctx context.Context) error {
 	b.mu.Unlock()
 	if len(r.Alarms) > 0 {
 		return b.stall(ReasonAlarm, fmt.Sprintf(
-			"etcd reports %s: it refuses writes, and restow writes nothing until the alarm is disarmed. Free space first: compact, defragment each member in turn (etcdctl defrag), or raise --quota-backend-bytes; then etcdctl alarm disarm. restow goes on by itself once no member reports an alarm (%s)",
+			"etcd reports %s: it refuses writes, and restow writes nothing until the alarm is disarmed. Free space first: compact, defragment each member in turn (etcdctl defrag), or raise --quota-backend-bytes; then etcdctl alarm disarm (%s)",
 			strings.Join(r.Alarms, ", "), b.Describe()))
 	}
 	b.notify(b.Stats())
@@ -98,7 +102,7 @@ func (b *Budget) waitForCompaction(ctx context.Context, compacted Compacted, wai
 		b.mu.Unlock()
 		if waited := b.now().Sub(oldest); waited >= b.CompactionBound {
 			return b.stall(ReasonNotCompacting, fmt.Sprintf(
-				"restow's rewrites keep %s alive in etcd, its budget, and no compaction has passed the oldest in %s: %s. kube-apiserver compacts every --etcd-compaction-interval (5m by default; 0 turns it off, and then etcd's own --auto-compaction-retention decides). Compact etcd, or turn compaction on; restow goes on by itself once a compaction passes its writes",
+				"restow's rewrites keep %s alive in etcd, its budget, and no compaction has passed the oldest in %s: %s. kube-apiserver compacts every --etcd-compaction-interval (5m by default; 0 turns it off, and then etcd's own --auto-compaction-retention decides). Compact etcd, or turn compaction on",
 				MiB(b.Stats().AliveBytes), waited.Round(time.Second), b.Describe()))
 		}
 		if err := pace.SleepUntil(ctx, b.now().Add(compactionPoll)); err != nil {
