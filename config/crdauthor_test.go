@@ -672,6 +672,17 @@ func assertHookRBACIsTight(t *testing.T, job *batchv1.Job, crdName, otherCRD str
 		}
 	}
 
+	// etcd's size, which a pass reads before it writes (package quota).
+	metrics := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: user, Groups: groups, NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"},
+	}}
+	if err := env.Client.Create(ctx, metrics); err != nil {
+		t.Fatal(err)
+	}
+	if !metrics.Status.Allowed {
+		t.Errorf("%s may not get /metrics, where a pass reads etcd's size: %s", user, metrics.Status.Reason)
+	}
+
 	// The same refusals from the API server itself, as the Job's Pod would
 	// meet them.
 	cfg, err := env.ConfigAs(user, groups...)

@@ -5,6 +5,7 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/migrator/quota"
 )
 
 // TestStalledReasons: the reasons the engine gives a stop are the API's
@@ -18,6 +19,9 @@ func TestStalledReasons(t *testing.T) {
 	}{
 		{&migrator.StalledError{Message: "no such resource"}, migrationv1alpha1.UnsupportedReason},
 		{&migrator.StalledError{Reason: migrator.ReasonAPIServerLagging, Message: "still at v1"}, migrationv1alpha1.APIServerLaggingReason},
+		{&migrator.StalledError{Reason: quota.ReasonAlarm, Message: "NOSPACE"}, migrationv1alpha1.EtcdAlarmReason},
+		{&migrator.StalledError{Reason: quota.ReasonQuota, Message: "no room"}, migrationv1alpha1.EtcdQuotaReason},
+		{&migrator.StalledError{Reason: quota.ReasonNotCompacting, Message: "no compaction"}, migrationv1alpha1.EtcdNotCompactingReason},
 	} {
 		if got := tc.err.Why(); got != tc.want {
 			t.Errorf("%q: Why() = %q, want %q", tc.err.Message, got, tc.want)

@@ -13,6 +13,7 @@ import (
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/migrator"
+	"github.com/restow/restow/internal/migrator/quota"
 	"github.com/restow/restow/internal/storedversions"
 )
 
@@ -36,6 +37,7 @@ func TestJudge(t *testing.T) {
 		{"cancelled for a new spec", failed(context.Canceled), conditionReconciling, migrationv1alpha1.ProgressingReason, nextRestart, "restarted", true, false},
 		{"the CRD changed", failed(fmt.Errorf("CRD x: %w", storedversions.ErrCRDChanged)), conditionReconciling, migrationv1alpha1.ProgressingReason, nextRestart, "restarted", false, false},
 		{"stalled", failed(&migrator.StalledError{Message: "gone"}), conditionStalled, migrationv1alpha1.UnsupportedReason, nextStalled, "stalled", false, false},
+		{"stopped for etcd's space", failed(&migrator.StalledError{Reason: quota.ReasonAlarm, Message: "NOSPACE"}), conditionStalled, migrationv1alpha1.EtcdAlarmReason, nextSpace, "stalled", true, false},
 		{"transient", failed(&migrator.TransientError{Err: apierrors.NewServiceUnavailable("restarting")}), conditionReconciling, migrationv1alpha1.TransientErrorReason, nextResume, "transient", true, false},
 		{"objects failed", done(migrator.Counts{Listed: 10, Migrated: 9, Failed: 1}), conditionStalled, migrationv1alpha1.ObjectsFailedReason, nextStalled, "stalled", false, true},
 		{"succeeded", done(migrator.Counts{Listed: 10, Migrated: 10}, "v1beta1"), conditionReady, migrationv1alpha1.SucceededReason, nextNone, "succeeded", false, true},

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,6 +52,7 @@ func TestSecretsReencryptedWithinQuota(t *testing.T) {
 	createBlobs(t, cp, secrets, secretBytes, func(i int, data []byte) client.Object {
 		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("big-%03d", i), Namespace: namespace}, Data: map[string][]byte{"blob": data}}
 	})
+	dryRun(t, cp)
 	keys := []string{"key1", "key2"}
 	for _, tc := range []struct {
 		name     string
@@ -99,7 +101,7 @@ func TestSecretsReencryptedWithinQuota(t *testing.T) {
 // spaceMetrics says what the manager's budget did, from its metrics.
 func spaceMetrics(t *testing.T, p *operator.Process) string {
 	t.Helper()
-	var out []any
+	out := make([]any, 0, 8)
 	for _, name := range []string{"restow_etcd_space_waits_total", "restow_etcd_compactions_seen_total", "restow_etcd_space_readings_total", "restow_etcd_budget_bytes"} {
 		v, err := p.Metric(t.Context(), name, nil)
 		if err != nil {
@@ -160,4 +162,23 @@ func waitRecorded(t *testing.T, cp *testenv.Env, by migrationv1alpha1.Encryption
 
 func isReady(sm *migrationv1alpha1.StorageMigration) bool {
 	return apimeta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) && sm.Status.ObservedGeneration == sm.Generation
+}
+
+// dryRun: kubectl restow run --dry-run says what a pass would keep alive
+// in etcd, from the API server's size estimate (refreshed every few
+// seconds here), and that it waits for compactions.
+func dryRun(t *testing.T, cp *testenv.Env) {
+	t.Helper()
+	testenv.WaitProgress(t, "the dry run to size the Secrets", time.Minute, func(ctx context.Context) (bool, string, error) {
+		out, _, code := scenario.Restow(t, cp, "run", "secrets", "--dry-run", "--etcd-quota=192Mi")
+		switch {
+		case code != 0:
+			return false, "", fmt.Errorf("kubectl restow run --dry-run exited %d", code)
+		case !strings.Contains(out, "the API server's estimate"):
+			return false, "no size estimate yet", nil
+		case !strings.Contains(out, "It waits for at least"):
+			return false, "", fmt.Errorf("the dry run of %s of Secrets under a 192 MiB quota says no compaction is needed:\n%s", mib(secrets*secretBytes), out)
+		}
+		return true, "", nil
+	})
 }

@@ -73,10 +73,9 @@ func printSpace(ctx context.Context, w io.Writer, m *migrator.Migrator, target m
 		size = "about " + quota.MiB(est.ObjectBytes) + " each (the API server's estimate)"
 	}
 	fmt.Fprintf(w, "etcd: the pass keeps up to %s alive until compactions pass it, objects %s; %s.\n", quota.MiB(est.RewriteBytes), size, est.Describe)
-	switch {
-	case est.Compactions == 0:
+	if est.Compactions == 0 {
 		fmt.Fprintln(w, "It fits the budget at once: no wait for a compaction.")
-	default:
+	} else {
 		fmt.Fprintf(w, "It waits for at least %d compactions (kube-apiserver compacts every --etcd-compaction-interval, 5m by default: about %s or more).\n",
 			est.Compactions, strings.TrimSuffix((time.Duration(est.Compactions)*5*time.Minute).String(), "0s"))
 	}

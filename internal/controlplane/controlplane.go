@@ -131,23 +131,7 @@ func Start(opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 	}
-	// envtest's API server listens on loopback, but would publish the
-	// host's own address (its default --advertise-address) in the
-	// kubernetes Service's endpoints, where restow reaches each API server
-	// it counts: no server on loopback publishes an address. Servers on
-	// addresses of their own publish theirs (ownaddresses.go).
-	environment.ControlPlane.GetAPIServer().Configure().Set("endpoint-reconciler-type", "none")
-	for flag, value := range opts.APIServerArgs {
-		environment.ControlPlane.GetAPIServer().Configure().Set(flag, value)
-	}
-	if len(opts.EtcdArgs) > 0 {
-		if environment.ControlPlane.Etcd == nil {
-			environment.ControlPlane.Etcd = &envtest.Etcd{}
-		}
-		for flag, value := range opts.EtcdArgs {
-			environment.ControlPlane.Etcd.Configure().Set(flag, value)
-		}
-	}
+	configureFlags(environment, opts)
 	cfg, err := environment.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane from KUBEBUILDER_ASSETS=%s: %w", os.Getenv("KUBEBUILDER_ASSETS"), err)
@@ -177,6 +161,27 @@ func Start(opts Options) (*ControlPlane, error) {
 		return nil, errors.Join(fmt.Errorf("connecting to etcd: %w", err), cp.stopHA(), environment.Stop())
 	}
 	return cp, nil
+}
+
+// configureFlags sets the flags of envtest's kube-apiserver and etcd.
+func configureFlags(environment *envtest.Environment, opts Options) {
+	// envtest's API server listens on loopback, but would publish the
+	// host's own address (its default --advertise-address) in the
+	// kubernetes Service's endpoints, where restow reaches each API server
+	// it counts: no server on loopback publishes an address. Servers on
+	// addresses of their own publish theirs (ownaddresses.go).
+	environment.ControlPlane.GetAPIServer().Configure().Set("endpoint-reconciler-type", "none")
+	for flag, value := range opts.APIServerArgs {
+		environment.ControlPlane.GetAPIServer().Configure().Set(flag, value)
+	}
+	if len(opts.EtcdArgs) > 0 {
+		if environment.ControlPlane.Etcd == nil {
+			environment.ControlPlane.Etcd = &envtest.Etcd{}
+		}
+		for flag, value := range opts.EtcdArgs {
+			environment.ControlPlane.Etcd.Configure().Set(flag, value)
+		}
+	}
 }
 
 // startMore starts the API servers beyond envtest's first, on addresses of

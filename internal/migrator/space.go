@@ -180,8 +180,12 @@ func (mg *migration) compacted(ctx context.Context, revision int64) (bool, error
 func (mg *migration) takeSpace(ctx context.Context, size int64) (int64, error) {
 	cost, err := mg.m.space().Acquire(ctx, size, mg.compacted, mg.setWaitingForSpace)
 	var stalled *quota.ErrStalled
-	if errors.As(err, &stalled) {
+	switch {
+	case errors.As(err, &stalled):
 		return 0, &StalledError{Reason: stalled.Reason, Message: stalled.Message}
+	case apierrors.IsForbidden(err):
+		// Not knowing etcd's room, restow writes nothing.
+		return 0, &StalledError{Message: "restow reads etcd's database size from the API server's metrics before it writes, and may not: grant get on the non-resource URL /metrics, or give etcd's address (--etcd-endpoints); the API server answered 403 Forbidden"}
 	}
 	return cost, err
 }
