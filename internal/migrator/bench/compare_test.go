@@ -510,8 +510,9 @@ type figures struct {
 	// SpaceWaits and SpaceReadings are the manager's byte budget's, per
 	// pass: its waits for a compaction (0 where it never binds) and its
 	// reads of etcd's size.
-	SpaceWaits    float64 `json:"spaceWaitsPerPass"`
-	SpaceReadings float64 `json:"spaceReadingsPerPass,omitempty"`
+	SpaceWaits     float64 `json:"spaceWaitsPerPass"`
+	SpaceReadings  float64 `json:"spaceReadingsPerPass,omitempty"`
+	SpaceBudgetMiB float64 `json:"spaceBudgetMiB,omitempty"`
 	// PassSeconds is the time of the pass, from its first request to its
 	// last object, or for the operator from the storage switch to the prune.
 	PassSeconds float64 `json:"passSeconds"`
@@ -759,7 +760,7 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 	if err := f.env.WriteKubeconfig(kubeconfig); err != nil {
 		b.Fatal(err)
 	}
-	var requests, statusWrites, spaceWaits, spaceReadings float64
+	var requests, statusWrites, spaceWaits, spaceReadings, spaceBudget float64
 	var apiserverCPU time.Duration
 	var peakRSS uint64
 	for b.Loop() {
@@ -816,8 +817,8 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		waits, readings := managerSpace(b, manager)
-		spaceWaits, spaceReadings = spaceWaits+waits, spaceReadings+readings
+		waits, readings, budget := managerSpace(b, manager)
+		spaceWaits, spaceReadings, spaceBudget = spaceWaits+waits, spaceReadings+readings, budget
 		if err := manager.Stop(); err != nil {
 			b.Fatalf("%v\n%s", err, manager.Logs())
 		}
@@ -841,21 +842,22 @@ func (f *compareFixture) runOperator(b *testing.B, s strategy) {
 		PassSeconds:    b.Elapsed().Seconds() / float64(b.N),
 		SpaceWaits:     spaceWaits / float64(b.N),
 		SpaceReadings:  spaceReadings / float64(b.N),
+		SpaceBudgetMiB: spaceBudget / (1 << 20),
 	})
 }
 
 // managerSpace reads what the manager's byte budget did (package quota):
-// its waits for a compaction and its reads of etcd's size.
-func managerSpace(b *testing.B, manager *operator.Process) (waits, readings float64) {
+// its waits for a compaction, its reads of etcd's size, and the budget it
+// last computed.
+func managerSpace(b *testing.B, manager *operator.Process) (waits, readings, budget float64) {
 	b.Helper()
-	waits, err := manager.Metric(b.Context(), "restow_etcd_space_waits_total", nil)
-	if err != nil {
-		b.Fatal(err)
+	var err error
+	for name, v := range map[string]*float64{"restow_etcd_space_waits_total": &waits, "restow_etcd_space_readings_total": &readings, "restow_etcd_budget_bytes": &budget} {
+		if *v, err = manager.Metric(b.Context(), name, nil); err != nil {
+			b.Fatal(err)
+		}
 	}
-	if readings, err = manager.Metric(b.Context(), "restow_etcd_space_readings_total", nil); err != nil {
-		b.Fatal(err)
-	}
-	return waits, readings
+	return waits, readings, budget
 }
 
 // pruneStoredVersions leaves only the storage version in the CRD's

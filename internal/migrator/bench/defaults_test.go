@@ -96,9 +96,9 @@ func defaultsSummary(n int) string {
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nBenchmarkDefaults, %s objects (medians; fastest loop %s):\n", thousands(n), best.Strategy)
-	fmt.Fprintf(&out, "%-22s %9s %10s %8s %14s %16s %12s %14s\n", "row", "seconds", "objects/s", "× loop", "API CPU ms/obj", "requests/object", "space waits", "space reads")
+	fmt.Fprintf(&out, "%-22s %9s %10s %8s %14s %16s %12s %12s %12s\n", "row", "seconds", "objects/s", "× loop", "API CPU ms/obj", "requests/object", "space waits", "space reads", "budget MiB")
 	for _, f := range rows {
-		fmt.Fprintf(&out, "%-22s %9.1f %10.0f %8.2f %14.2f %16.4f %12.1f %14.1f\n", f.Strategy, f.PassSeconds, f.ObjectsPerSec, f.ObjectsPerSec/best.ObjectsPerSec, f.APIServerCPUMs, f.Requests, f.SpaceWaits, f.SpaceReadings)
+		fmt.Fprintf(&out, "%-22s %9.1f %10.0f %8.2f %14.2f %16.4f %12.1f %12.1f %12.0f\n", f.Strategy, f.PassSeconds, f.ObjectsPerSec, f.ObjectsPerSec/best.ObjectsPerSec, f.APIServerCPUMs, f.Requests, f.SpaceWaits, f.SpaceReadings, f.SpaceBudgetMiB)
 	}
 	return out.String()
 }
