@@ -7,9 +7,7 @@
 package rotation
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,14 +17,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -71,18 +66,18 @@ func TestAESCBCKeyRotation(t *testing.T) {
 	// The defaults users run: the built-in discovery interval of 10
 	// minutes, and the encryption check every 30 s.
 	startManager(t, cp, "--builtin-discovery-interval=10m0s")
-	baseline := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, configHash(t, config))
+	baseline := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, scenario.ConfigHash(t, config))
 	if baseline.Status.LastPass != nil {
 		t.Fatalf("a pass ran at first sight: %+v", baseline.Status.LastPass)
 	}
 	verifyKey(t, cp, "aescbc:key1", 0)
 	verifyKey(t, cp, "aescbc:key2", cli.ExitMismatch)
 
-	before := secretRequests(t, cp)
+	before := scenario.APIRequests(t, cp, "", "secrets")
 	rotated := time.Now()
 	writeConfig(t, config, aescbc("key2", "key1"))
-	reloaded := waitReloaded(t, cp, configHash(t, config))
-	sm := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, configHash(t, config))
+	reloaded := waitReloaded(t, cp, scenario.ConfigHash(t, config))
+	sm := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, scenario.ConfigHash(t, config))
 	logPass(t, sm, rotated)
 	if took := sm.Status.LastPass.CompletionTime.Sub(reloaded); took > 90*time.Second {
 		t.Errorf("with the default flags every Secret was re-encrypted %s after the API server's reload, want within 90 s", took.Round(time.Second))
@@ -90,7 +85,7 @@ func TestAESCBCKeyRotation(t *testing.T) {
 		t.Logf("With the default flags: every Secret re-encrypted %s after the API server's reload (%s after the file changed)",
 			took.Round(100*time.Millisecond), sm.Status.LastPass.CompletionTime.Sub(rotated).Round(100*time.Millisecond))
 	}
-	logRequests(t, before, secretRequests(t, cp))
+	logRequests(t, before, scenario.APIRequests(t, cp, "", "secrets"))
 	verifyKey(t, cp, "aescbc:key2", 0)
 
 	// key1 is no longer needed: remove it, and restart the API server so
@@ -113,13 +108,13 @@ func TestKMSv2KeyIDChange(t *testing.T) {
 	plugin, config, cp := startKMS(t)
 	createSecrets(t, cp)
 	startManager(t, cp)
-	baseline := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, configHash(t, config))
+	baseline := waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, scenario.ConfigHash(t, config))
 	if len(baseline.Status.Encryption.KMSKeyIDHashes) != 1 {
 		t.Fatalf("baseline %+v: want the key ID hash of one KMS v2 provider", baseline.Status.Encryption)
 	}
 	verifyKey(t, cp, "k1", 0)
 
-	before := secretRequests(t, cp)
+	before := scenario.APIRequests(t, cp, "", "secrets")
 	rotated := time.Now()
 	plugin.SetKeyID("k2")
 	// kube-apiserver asks a healthy plugin for its status once a minute.
@@ -129,7 +124,7 @@ func TestKMSv2KeyIDChange(t *testing.T) {
 			e.KMSKeyIDHashes[0] != baseline.Status.Encryption.KMSKeyIDHashes[0] && isReady(sm)
 	})
 	logPass(t, sm, rotated)
-	logRequests(t, before, secretRequests(t, cp))
+	logRequests(t, before, scenario.APIRequests(t, cp, "", "secrets"))
 	verifyKey(t, cp, "k2", 0)
 	assertSecretsRead(t, cp)
 }
@@ -188,7 +183,7 @@ func TestRotationWaitsForEveryServer(t *testing.T) {
 	cp.WaitForSignals(t, 2, 2)
 	createSecrets(t, cp)
 	startManager(t, cp)
-	old := configHash(t, config)
+	old := scenario.ConfigHash(t, config)
 	waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByBaseline, old)
 
 	writeConfig(t, config, aescbc("key2", "key1"))
@@ -233,39 +228,9 @@ func TestRotationWaitsForEveryServer(t *testing.T) {
 	if err := cp.RestartOwnAPIServer(t.Context(), 1); err != nil {
 		t.Fatal(err)
 	}
-	sm = waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, configHash(t, config))
+	sm = waitEncryption(t, cp, migrationv1alpha1.EncryptionRecordedByPass, scenario.ConfigHash(t, config))
 	logPass(t, sm, rotated)
 	verifyKey(t, cp, "aescbc:key2", 0)
-}
-
-// secretRequests counts, by verb, the requests for Secrets the API server
-// has answered (apiserver_request_total).
-func secretRequests(t *testing.T, cp *testenv.Env) map[string]float64 {
-	t.Helper()
-	dc, err := discovery.NewDiscoveryClientForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := dc.RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, m := range families["apiserver_request_total"].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		if labels["resource"] == "secrets" && labels["group"] == "" && labels["subresource"] == "" {
-			out[labels["verb"]] += m.GetCounter().GetValue()
-		}
-	}
-	return out
 }
 
 // logRequests logs the requests for Secrets between two counts, per
@@ -351,16 +316,6 @@ func writeConfig(t *testing.T, path, providers string) {
 	}
 }
 
-// configHash is the hash kube-apiserver reports of the configuration file.
-func configHash(t *testing.T, path string) string {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("sha256:%x", sha256.Sum256(raw))
-}
-
 func createSecrets(t *testing.T, cp *testenv.Env) {
 	t.Helper()
 	if err := cp.EnsureNamespaces(t.Context(), namespace); err != nil {
@@ -379,29 +334,6 @@ func createSecrets(t *testing.T, cp *testenv.Env) {
 func startManager(t *testing.T, cp *testenv.Env, args ...string) {
 	t.Helper()
 	scenario.StartBuiltInManager(t, cp, append([]string{"--auto-migrate-builtins=false", "--reencrypt-resources=secrets"}, args...)...)
-}
-
-// waitReloaded reads the API server's /metrics every half second until it
-// reports the configuration of hash, and returns when: the reload restow
-// waits for. It logs what one read of /metrics costs, as restow makes it
-// once per server every --reencrypt-check-interval.
-func waitReloaded(t *testing.T, cp *testenv.Env, hash string) time.Time {
-	t.Helper()
-	dc, err := discovery.NewDiscoveryClientForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var size int
-	var took time.Duration
-	want := []byte(`hash="` + hash + `"`)
-	testenv.WaitProgress(t, "the API server's reload of "+hash, 2*time.Minute, func(ctx context.Context) (bool, string, error) {
-		start := time.Now()
-		raw, err := dc.RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-		took, size = time.Since(start), len(raw)
-		return err == nil && bytes.Contains(raw, want), "not yet", nil
-	})
-	t.Logf("The API server reloaded %s; one read of its /metrics: %d bytes in %s", hash, size, took.Round(time.Millisecond))
-	return time.Now()
 }
 
 // waitEncryption waits until the StorageMigration of Secrets records the
@@ -467,4 +399,14 @@ func assertSecretsRead(t *testing.T, cp *testenv.Env) {
 func isReady(sm *migrationv1alpha1.StorageMigration) bool {
 	return apimeta.IsStatusConditionTrue(sm.Status.Conditions, migrationv1alpha1.ReadyCondition) &&
 		sm.Status.ObservedGeneration == sm.Generation
+}
+
+// waitReloaded waits until the API server reports the configuration of
+// hash, and returns when. It logs what one read of /metrics costs, as
+// restow makes it once per server every --reencrypt-check-interval.
+func waitReloaded(t *testing.T, cp *testenv.Env, hash string) time.Time {
+	t.Helper()
+	reloaded, size, took := scenario.WaitReloaded(t, cp, hash)
+	t.Logf("The API server reloaded %s; one read of its /metrics: %d bytes in %s", hash, size, took.Round(time.Millisecond))
+	return reloaded
 }

@@ -3,19 +3,15 @@
 package space
 
 import (
-	"bytes"
 	"context"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/discovery"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/e2e/scenario"
@@ -45,7 +41,10 @@ func TestNoWriteUnderAlarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	member := raiseAlarm(t, etcd, cp.EtcdURL())
-	writes := func() float64 { return objectWrites(t, cp, fx.Group, fx.Plural) }
+	writes := func() float64 {
+		counts := scenario.APIRequests(t, cp, fx.Group, fx.Plural)
+		return counts["PATCH"] + counts["UPDATE"]
+	}
 	before := writes()
 
 	_, errOut, code := scenario.Restow(t, cp, "run", fx.CRDName(), "--etcd-endpoints", cp.EtcdURL())
@@ -94,34 +93,4 @@ func raiseAlarm(t *testing.T, etcd *clientv3.Client, endpoint string) uint64 {
 		_, _ = etcd.AlarmDisarm(context.Background(), &clientv3.AlarmMember{MemberID: member, Alarm: pb.AlarmType_NOSPACE})
 	})
 	return member
-}
-
-// objectWrites counts the writes (update, patch) of resource the API
-// server has answered, whatever the answer.
-func objectWrites(t *testing.T, cp *testenv.Env, group, resource string) float64 {
-	t.Helper()
-	dc, err := discovery.NewDiscoveryClientForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := dc.RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0.0
-	for _, m := range families["apiserver_request_total"].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		if labels["group"] == group && labels["resource"] == resource && (labels["verb"] == "PATCH" || labels["verb"] == "UPDATE") {
-			n += m.GetCounter().GetValue()
-		}
-	}
-	return n
 }

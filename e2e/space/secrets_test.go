@@ -3,9 +3,7 @@
 package space
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -75,14 +72,14 @@ func TestSecretsReencryptedWithinQuota(t *testing.T) {
 			if tc.manager {
 				manager = scenario.StartBuiltInManager(t, cp, append([]string{"--auto-migrate-builtins=false", "--reencrypt-resources=secrets"}, args...)...)
 				// A baseline, or the record of the last case's pass.
-				waitRecorded(t, cp, "", configHash(t, config))
+				waitRecorded(t, cp, "", scenario.ConfigHash(t, config))
 			}
 			writeKeys(t, config, keys...)
-			waitReloaded(t, cp, configHash(t, config))
+			scenario.WaitReloaded(t, cp, scenario.ConfigHash(t, config))
 			w := watchEtcd(t, cp, etcd)
 			start := time.Now()
 			if tc.manager {
-				sm := waitRecorded(t, cp, migrationv1alpha1.EncryptionRecordedByPass, configHash(t, config))
+				sm := waitRecorded(t, cp, migrationv1alpha1.EncryptionRecordedByPass, scenario.ConfigHash(t, config))
 				t.Logf("The manager re-encrypted %d Secrets in %s: %s", sm.Status.LastPass.Listed, time.Since(start).Round(time.Second), spaceMetrics(t, manager))
 				if err := manager.Stop(); err != nil {
 					t.Error(err)
@@ -123,31 +120,6 @@ func writeKeys(t *testing.T, path string, keys ...string) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// configHash is the hash kube-apiserver reports of the configuration file.
-func configHash(t *testing.T, path string) string {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("sha256:%x", sha256.Sum256(raw))
-}
-
-// waitReloaded waits until the API server's metrics report the
-// configuration of hash.
-func waitReloaded(t *testing.T, cp *testenv.Env, hash string) {
-	t.Helper()
-	dc, err := discovery.NewDiscoveryClientForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []byte(`hash="` + hash + `"`)
-	testenv.WaitProgress(t, "the API server's reload of "+hash, 2*time.Minute, func(ctx context.Context) (bool, string, error) {
-		raw, err := dc.RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-		return err == nil && bytes.Contains(raw, want), "not yet", nil
-	})
 }
 
 // waitRecorded waits until the StorageMigration of Secrets records the

@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,14 +25,7 @@ func TestRunWritesNothingWithoutEtcdsSize(t *testing.T) {
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"list"}},
 		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list"}},
 	})
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := env.WriteKubeconfigAs(kubeconfig, user); err != nil {
-		t.Fatal(err)
-	}
-	as := func(args ...string) (string, string, int) {
-		t.Helper()
-		return execute(t, append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(t.TempDir(), "cache")}, args...)...)
-	}
+	as := restowAs(t, user)
 	// The authorizer sees the binding within moments.
 	var errOut string
 	code := -1

@@ -196,14 +196,7 @@ func TestStorageVersionMigrationsUnreadable(t *testing.T) {
 		{APIGroups: []string{migrationv1alpha1.GroupVersion.Group}, Resources: []string{"storagemigrations"}, Verbs: []string{"get", "list"}},
 		{APIGroups: []string{w.group}, Resources: []string{"widgets"}, Verbs: []string{"list"}},
 	})
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := env.WriteKubeconfigAs(kubeconfig, user); err != nil {
-		t.Fatal(err)
-	}
-	as := func(args ...string) (string, string, int) {
-		t.Helper()
-		return execute(t, append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(t.TempDir(), "cache")}, args...)...)
-	}
+	as := restowAs(t, user)
 	// The authorizer sees the binding within moments.
 	for range 50 {
 		if _, _, code := as("plan", "-o", "json"); code == 0 {
@@ -255,5 +248,19 @@ func grant(t *testing.T, user string, rules []rbacv1.PolicyRule) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	}
+}
+
+// restowAs returns a function that runs kubectl restow as user (a client
+// certificate of its own; RBAC decides), with a cache of its own each time.
+func restowAs(t *testing.T, user string) func(args ...string) (string, string, int) {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := env.WriteKubeconfigAs(kubeconfig, user); err != nil {
+		t.Fatal(err)
+	}
+	return func(args ...string) (string, string, int) {
+		t.Helper()
+		return execute(t, append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(t.TempDir(), "cache")}, args...)...)
 	}
 }

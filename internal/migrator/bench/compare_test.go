@@ -542,6 +542,7 @@ func report(b *testing.B, fig figures) {
 		b.ReportMetric(fig.StatusWrites, "status-writes/pass")
 		b.ReportMetric(fig.SpaceWaits, "space-waits/pass")
 		b.ReportMetric(fig.SpaceReadings, "space-readings/pass")
+		b.ReportMetric(fig.SpaceBudgetMiB, "space-budget-MiB")
 	} else {
 		b.ReportMetric(fig.PeakHeapGrowthMiB, "peak-heap-growth-MiB")
 	}
