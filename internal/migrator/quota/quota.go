@@ -173,6 +173,9 @@ type Budget struct {
 	readAt   time.Time
 	pending  int64
 	alive    []spent // by revision
+	// aliveSum and includedSum are the bytes of alive, and of those the
+	// reading saw.
+	aliveSum, includedSum int64
 	largest  int64
 	blocked  string
 	stalled  error
@@ -182,12 +185,23 @@ type Budget struct {
 	readings atomic.Int64
 }
 
-// spent is one write's bytes alive until a compaction passes revision.
+// spent is the bytes of a bucket of writes, alive until a compaction
+// passes revision, the newest of them; first and ended are when the first
+// and the last of them ended.
 type spent struct {
-	revision int64
-	bytes    int64
-	ended    time.Time
+	revision     int64
+	bytes        int64
+	first, ended time.Time
+	writes       int
 }
+
+// A bucket holds at most bucketWrites writes and bucketBytes bytes: few
+// buckets for many small objects, and for large ones a bucket a compaction
+// frees without waiting for the newest writes of the pass.
+const (
+	bucketWrites = 1024
+	bucketBytes  = 4 << 20
+)
 
 // New is a budget over source with the defaults.
 func New(source Source) *Budget {
@@ -258,26 +272,46 @@ func (b *Budget) budgetBytes(included int64) int64 {
 func (b *Budget) margin() int64 { return MinMargin + max(0, b.largest-MaxValueBytes) }
 
 // aliveBytes is restow's bytes alive, and those of them the reading saw.
-func (b *Budget) aliveBytes() (alive, included int64) {
+func (b *Budget) aliveBytes() (alive, included int64) { return b.aliveSum, b.includedSum }
+
+// sumAlive recomputes both sums from the buckets, after a reading or a
+// compaction changed which are alive or seen.
+func (b *Budget) sumAlive() {
+	b.aliveSum, b.includedSum = 0, 0
 	for _, s := range b.alive {
-		alive += s.bytes
+		b.aliveSum += s.bytes
 		if s.ended.Before(b.reading.At) {
-			included += s.bytes
+			b.includedSum += s.bytes
 		}
 	}
-	return alive, included
 }
 
 // Spend records a reserved write that the API server stored at revision.
+// A write after the newest joins its bucket, so that the buckets, not the
+// writes, grow with a pass: a bucket is freed once a compaction passes its
+// newest revision, and seen by a reading once its last write ended before
+// it.
 func (b *Budget) Spend(cost, revision int64) {
 	b.mu.Lock()
 	b.pending -= cost
 	b.largest = max(b.largest, cost)
 	b.newest = max(b.newest, revision)
-	i := sort.Search(len(b.alive), func(i int) bool { return b.alive[i].revision > revision })
-	b.alive = append(b.alive, spent{})
-	copy(b.alive[i+1:], b.alive[i:])
-	b.alive[i] = spent{revision: revision, bytes: cost, ended: b.now()}
+	now := b.now()
+	b.aliveSum += cost
+	if n := len(b.alive); n > 0 && revision >= b.alive[n-1].revision && b.alive[n-1].writes < bucketWrites && b.alive[n-1].bytes+cost <= bucketBytes {
+		last := &b.alive[n-1]
+		if last.ended.Before(b.reading.At) {
+			b.includedSum -= last.bytes
+		}
+		last.revision, last.ended = revision, now
+		last.bytes += cost
+		last.writes++
+	} else {
+		i := sort.Search(len(b.alive), func(i int) bool { return b.alive[i].revision > revision })
+		b.alive = append(b.alive, spent{})
+		copy(b.alive[i+1:], b.alive[i:])
+		b.alive[i] = spent{revision: revision, bytes: cost, first: now, ended: now, writes: 1}
+	}
 	stats := b.statsLocked()
 	b.mu.Unlock()
 	b.notify(stats)

@@ -91,9 +91,9 @@ func TestBudgetWaitsForCompaction(t *testing.T) {
 		t.Fatalf("a write past the budget went ahead without a compaction: %v (%s)", err, b.Describe())
 	case <-time.After(3 * compactionPoll):
 	}
-	// A compaction past revision 6: their bytes are freed.
+	// A compaction past revision 12: the bucket of the twelve is freed.
 	f.mu.Lock()
-	f.compacted, f.inUse = 7, f.inUse-6*Cost(mib)
+	f.compacted, f.inUse = 13, f.inUse-12*Cost(mib)
 	f.mu.Unlock()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -154,5 +154,35 @@ func TestCost(t *testing.T) {
 		if got := Cost(size); got != want {
 			t.Errorf("Cost(%d) = %d, want %d", size, got, want)
 		}
+	}
+}
+
+// TestBudgetBuckets: writes after the newest share a bucket of at most
+// bucketWrites, so that a pass of many objects keeps a few buckets, not a
+// record per write; a write older than the newest gets its own, in
+// revision order; a compaction frees a bucket only past its newest write.
+func TestBudgetBuckets(t *testing.T) {
+	f := &fakeSource{file: mib, inUse: mib, quota: 2 << 30}
+	b := New(f)
+	for rev := int64(1); rev <= 2*bucketWrites+1; rev++ {
+		if err := write(t, b, f, 100, rev*2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := write(t, b, f, 100, 3); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(b.alive); n != 4 {
+		t.Fatalf("%d buckets for %d writes, want 4", n, 2*bucketWrites+2)
+	}
+	if b.alive[0].revision != 3 || b.alive[1].revision != 2*bucketWrites {
+		t.Errorf("buckets end at revisions %d, %d, want 3, %d", b.alive[0].revision, b.alive[1].revision, 2*bucketWrites)
+	}
+	f.compacted = 2*bucketWrites + 1 // past the first two buckets only
+	if freed, err := b.collect(t.Context(), f.Compacted); err != nil || !freed {
+		t.Fatalf("collect: %v, %v", freed, err)
+	}
+	if n, want := b.Stats().AliveBytes, int64(bucketWrites+1)*Cost(100); len(b.alive) != 2 || n != want {
+		t.Errorf("after the compaction: %d buckets of %d bytes, want 2 of %d", len(b.alive), n, want)
 	}
 }

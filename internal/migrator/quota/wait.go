@@ -66,6 +66,7 @@ func (b *Budget) refresh(ctx context.Context) error {
 	}
 	b.mu.Lock()
 	b.reading, b.read, b.readAt, b.blocked, b.stalled = r, true, b.now(), "", nil
+	b.sumAlive()
 	b.mu.Unlock()
 	if len(r.Alarms) > 0 {
 		return b.stall(ReasonAlarm, fmt.Sprintf(
@@ -98,7 +99,7 @@ func (b *Budget) waitForCompaction(ctx context.Context, compacted Compacted, wai
 			return nil
 		}
 		b.mu.Lock()
-		oldest := b.alive[0].ended
+		oldest := b.alive[0].first
 		b.mu.Unlock()
 		if waited := b.now().Sub(oldest); waited >= b.CompactionBound {
 			return b.stall(ReasonNotCompacting, fmt.Sprintf(
@@ -149,6 +150,7 @@ func (b *Budget) collect(ctx context.Context, compacted Compacted) (bool, error)
 		}
 	}
 	b.alive = kept
+	b.sumAlive()
 	stats := b.statsLocked()
 	b.mu.Unlock()
 	b.notify(stats)
