@@ -167,22 +167,22 @@ type Budget struct {
 	now  func() time.Time
 	slow sync.Mutex // one waiter reads and polls at a time
 
-	mu       sync.Mutex
-	reading  Reading
-	read     bool
-	readAt   time.Time
-	pending  int64
-	alive    []spent // by revision
+	mu      sync.Mutex
+	reading Reading
+	read    bool
+	readAt  time.Time
+	pending int64
+	alive   []spent // by revision
 	// aliveSum and includedSum are the bytes of alive, and of those the
 	// reading saw.
 	aliveSum, includedSum int64
-	largest  int64
-	blocked  string
-	stalled  error
-	newest   int64
-	waits    atomic.Int64
-	compacts atomic.Int64
-	readings atomic.Int64
+	largest               int64
+	blocked               string
+	stalled               error
+	newest                int64
+	waits                 atomic.Int64
+	compacts              atomic.Int64
+	readings              atomic.Int64
 }
 
 // spent is the bytes of a bucket of writes, alive until a compaction
