@@ -108,6 +108,14 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--stalled-retry-base=1h"}, "--stalled-retry-max must be at least --stalled-retry-base (1h0m0s), got 30m0s"},
 		{[]string{"--stalled-retry-max=later"}, `--stalled-retry-max "later" is not a duration`},
 
+		{[]string{"--etcd-quota=lots"}, `--etcd-quota "lots" is not a size, such as 2Gi or 512Mi`},
+		{[]string{"--etcd-quota=-1Gi"}, `--etcd-quota "-1Gi" is not a size, such as 2Gi or 512Mi`},
+		{[]string{"--etcd-quota=16Mi"}, "--etcd-quota must be at least 36.0 MiB, got 16Mi"},
+		{[]string{"--etcd-write-budget=some"}, `--etcd-write-budget "some" is not a size, such as 2Gi or 512Mi`},
+		{[]string{"--etcd-cert=/c.pem"}, "--etcd-cacert, --etcd-cert and --etcd-key go with --etcd-endpoints"},
+		{[]string{"--etcd-endpoints=https://127.0.0.1:2379", "--etcd-key=/k.pem"}, "--etcd-cert and --etcd-key go together"},
+		{[]string{"--etcd-compaction-bound=0s"}, "--etcd-compaction-bound must be a positive duration, got 0s"},
+
 		{[]string{"--leader-elect=sometimes"}, `--leader-elect "sometimes" is not true or false`},
 		{[]string{"--leader-election-lease-duration=0"}, "--leader-election-lease-duration must be a positive duration, got 0s"},
 		{[]string{"--leader-election-renew-deadline=-1s"}, "--leader-election-renew-deadline must be a positive duration, got -1s"},

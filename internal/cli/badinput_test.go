@@ -130,6 +130,10 @@ func TestBadFlagValues(t *testing.T) {
 		{[]string{"run", "crontabs", "--timeout=-1m"}, "--timeout must be 0 (no limit) or positive, got -1m0s"},
 		{[]string{"run", "crontabs", "--dry-run=perhaps"}, `--dry-run "perhaps" is not true or false`},
 		{[]string{"run", "crontabs", "-n", "team-a", "-A"}, "--namespace and --all-namespaces cannot be used together"},
+		{[]string{"run", "crontabs", "--etcd-quota=lots"}, `--etcd-quota "lots" is not a size, such as 2Gi or 512Mi`},
+		{[]string{"run", "crontabs", "--etcd-quota=8Mi"}, "--etcd-quota must be at least 36.0 MiB, got 8Mi"},
+		{[]string{"run", "crontabs", "--etcd-write-budget=-1"}, `--etcd-write-budget "-1" is not a size, such as 2Gi or 512Mi`},
+		{[]string{"run", "crontabs", "--etcd-key=/k.pem"}, "--etcd-cacert, --etcd-cert and --etcd-key go with --etcd-endpoints"},
 
 		{[]string{"status", "-o", "xml"}, `--output "xml" is not supported`},
 		{[]string{"status", ""}, "NAME is empty"},

@@ -258,6 +258,8 @@ func flagError(_ *cobra.Command, err error) error {
 		takes = "a number"
 	case "bool":
 		takes = "true or false"
+	case "quantity":
+		takes = "a size, such as 2Gi or 512Mi"
 	default:
 		return err
 	}
