@@ -1,7 +1,6 @@
 package controllers
 
 import (
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,7 +79,7 @@ var (
 	})
 	etcdWritesBlocked = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "restow_etcd_writes_blocked",
-		Help: "1 while restow writes nothing for etcd's sake, by reason: EtcdAlarm (a member reports an alarm), EtcdQuota (not one more object fits), EtcdNotCompacting (no compaction passed its rewrites in time).",
+		Help: "1 while restow writes nothing for etcd's sake, by reason: EtcdAlarm (a member reports an alarm), EtcdQuota (not one more object fits), EtcdNotCompacting (no compaction passed its rewrites in time), EtcdSpaceUnknown (it may not read etcd's size).",
 	}, []string{"reason"})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "restow_build_info",
@@ -168,11 +167,9 @@ func forgetGauges(name string) {
 // spaceRecorder sets the etcd space metrics from the Migrator's budget
 // (package quota), whenever its stats change.
 func spaceRecorder() func(quota.Stats) {
-	var mu sync.Mutex
+	// The budget delivers its stats in order, one at a time.
 	var last quota.Stats
 	return func(s quota.Stats) {
-		mu.Lock()
-		defer mu.Unlock()
 		etcdBytesAlive.Set(float64(s.AliveBytes))
 		etcdBudgetBytes.Set(float64(s.BudgetBytes))
 		etcdDatabaseBytes.WithLabelValues("file").Set(float64(s.Last.FileBytes))
@@ -181,7 +178,7 @@ func spaceRecorder() func(quota.Stats) {
 		etcdSpaceWaits.Add(float64(max(s.Waits-last.Waits, 0)))
 		etcdSpaceReadings.Add(float64(max(s.Readings-last.Readings, 0)))
 		etcdCompactionsSeen.Add(float64(max(s.Compactions-last.Compactions, 0)))
-		for _, reason := range []string{quota.ReasonAlarm, quota.ReasonQuota, quota.ReasonNotCompacting} {
+		for _, reason := range []string{quota.ReasonAlarm, quota.ReasonQuota, quota.ReasonNotCompacting, quota.ReasonUnknown} {
 			blocked := 0.0
 			if s.Blocked == reason {
 				blocked = 1

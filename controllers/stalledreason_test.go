@@ -22,6 +22,7 @@ func TestStalledReasons(t *testing.T) {
 		{&migrator.StalledError{Reason: quota.ReasonAlarm, Message: "NOSPACE"}, migrationv1alpha1.EtcdAlarmReason},
 		{&migrator.StalledError{Reason: quota.ReasonQuota, Message: "no room"}, migrationv1alpha1.EtcdQuotaReason},
 		{&migrator.StalledError{Reason: quota.ReasonNotCompacting, Message: "no compaction"}, migrationv1alpha1.EtcdNotCompactingReason},
+		{&migrator.StalledError{Reason: quota.ReasonUnknown, Message: "no /metrics"}, migrationv1alpha1.EtcdSpaceUnknownReason},
 	} {
 		if got := tc.err.Why(); got != tc.want {
 			t.Errorf("%q: Why() = %q, want %q", tc.err.Message, got, tc.want)

@@ -31,13 +31,14 @@ const (
 	// nextStalled: retried with the stalled backoff.
 	nextStalled
 	// nextSpace: stopped for etcd's room (an alarm, the quota, no
-	// compaction); resumed at the stalled backoff's base, since a look
-	// costs one reading and the room comes back when a person acts.
+	// compaction, a size it may not read); resumed from the checkpoint at
+	// the stalled backoff's base: the room comes back when a person acts,
+	// and a look costs a page's list and one reading.
 	nextSpace
 )
 
 // spaceReasons are the Stalled reasons of etcd's room (package quota).
-var spaceReasons = sets.New(migrationv1alpha1.EtcdAlarmReason, migrationv1alpha1.EtcdQuotaReason, migrationv1alpha1.EtcdNotCompactingReason)
+var spaceReasons = sets.New(migrationv1alpha1.EtcdAlarmReason, migrationv1alpha1.EtcdQuotaReason, migrationv1alpha1.EtcdNotCompactingReason, migrationv1alpha1.EtcdSpaceUnknownReason)
 
 // verdict is what the end of a run means: the outcome (with the event that
 // announces it, if any), what comes next, and what status keeps of it.

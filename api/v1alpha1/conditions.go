@@ -103,6 +103,11 @@ const (
 	// tries again at --stalled-retry-base.
 	EtcdNotCompactingReason = "EtcdNotCompacting"
 
+	// EtcdSpaceUnknownReason (Stalled=True, Ready=False): restow may not
+	// read etcd's database size where it looks (the API server's /metrics),
+	// so it writes nothing; it tries again at --stalled-retry-base.
+	EtcdSpaceUnknownReason = "EtcdSpaceUnknown"
+
 	// StatusRefusedReason (Stalled=True, Ready=False): the API server refused
 	// to store the status a pass wrote (an admission policy or webhook on
 	// StorageMigrations, a status that does not validate); the pass cannot

@@ -40,7 +40,7 @@ const (
 )
 
 func (o fate) String() string {
-	return [...]string{"migrated", "skipped", "transient", "permanent", "unsupported", "alreadyStored"}[o]
+	return [...]string{"migrated", "skipped", "transient", "permanent", "unsupported", "alreadyStored", "halted"}[o]
 }
 
 // classify maps the error of one rewrite (or list) to a fate.

@@ -80,6 +80,9 @@ const (
 	objectCountMetric  = "apiserver_resource_objects"
 )
 
+// metricStaleness is kube-apiserver's default --etcd-db-metric-poll-interval.
+const metricStaleness = 30 * time.Second
+
 // apiServerSpace reads etcd's file size as the API server reports it: the
 // size of the database file of the member it asked at the time of the
 // scrape. It cannot see inside the file, nor the quota, nor alarms.
@@ -89,6 +92,7 @@ type apiServerSpace struct {
 }
 
 func (s apiServerSpace) Read(ctx context.Context) (quota.Reading, error) {
+	start := time.Now()
 	families, err := s.m.readMetrics(ctx, storageSizeMetric)
 	if err != nil {
 		return quota.Reading{}, err
@@ -102,6 +106,10 @@ func (s apiServerSpace) Read(ctx context.Context) (quota.Reading, error) {
 		size = max(size, metric.GetGauge().GetValue())
 	}
 	return quota.Reading{
+		// Taken as of a metric poll interval before the scrape: some
+		// releases refresh the size every --etcd-db-metric-poll-interval
+		// (30 s by default) rather than at the scrape.
+		At:        start.Add(-metricStaleness),
 		FileBytes: int64(size), InUseBytes: int64(size), QuotaBytes: s.quotaBytes, Source: quota.SourceAPIServer,
 		Assumes: fmt.Sprintf("etcd's quota is %s (--etcd-quota); no page inside the file is free; the member the API server asked is the fullest; no alarm is raised (the API server does not show them)", quota.MiB(s.quotaBytes)),
 	}, nil
@@ -161,11 +169,15 @@ func familyValue(f *dto.MetricFamily, group, resource string) float64 {
 	return -1
 }
 
-// compacted reports whether etcd compacted past revision, by a one-object
-// list of the pass's own resource from a continue token at it: the API
-// server answers 410 Expired once it was compacted.
-func (mg *migration) compacted(ctx context.Context, revision int64) (bool, error) {
-	_, err := mg.client("").List(ctx, metav1.ListOptions{Limit: 1, Continue: encodeContinue("\x00", revision)})
+// spaceProbe is what a pass tells its budget through the API server: it
+// lists its own resource (in its namespace, for a partial pass), which
+// its rights allow.
+type spaceProbe struct{ mg *migration }
+
+// Compacted lists one object from a continue token at revision: the API
+// server answers 410 Expired once etcd compacted past it.
+func (p spaceProbe) Compacted(ctx context.Context, revision int64) (bool, error) {
+	_, err := p.mg.client(p.mg.target.Namespace).List(ctx, metav1.ListOptions{Limit: 1, Continue: encodeContinue("\x00", revision)})
 	switch {
 	case apierrors.IsResourceExpired(err), apierrors.IsGone(err):
 		return true, nil
@@ -175,19 +187,33 @@ func (mg *migration) compacted(ctx context.Context, revision int64) (bool, error
 	return false, nil
 }
 
-// takeSpace reserves etcd's room for a rewrite of size bytes; a budget that
-// cannot make room stops the pass, Stalled.
+// Revision is etcd's revision now: a one-object list's resourceVersion.
+func (p spaceProbe) Revision(ctx context.Context) (int64, error) {
+	list, err := p.mg.client(p.mg.target.Namespace).List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(list.ResourceVersion, 10, 64)
+}
+
+// takeSpace reserves etcd's room for a rewrite of size bytes. A budget
+// that cannot make room stops the pass, Stalled; one that cannot read
+// etcd's size, or look for a compaction, fails the write as transient
+// (never as an answer about the object).
 func (mg *migration) takeSpace(ctx context.Context, size int64) (int64, error) {
-	cost, err := mg.m.space().Acquire(ctx, size, mg.compacted, mg.setWaitingForSpace)
+	cost, err := mg.m.space().Acquire(ctx, size, spaceProbe{mg}, mg.setWaitingForSpace)
 	var stalled *quota.ErrStalled
+	var unread *quota.ReadError
 	switch {
+	case err == nil || ctx.Err() != nil:
+		return cost, err
 	case errors.As(err, &stalled):
 		return 0, &StalledError{Reason: stalled.Reason, Message: stalled.Message}
-	case apierrors.IsForbidden(err):
+	case errors.As(err, &unread) && apierrors.IsForbidden(unread.Err):
 		// Not knowing etcd's room, restow writes nothing.
-		return 0, &StalledError{Message: "restow reads etcd's database size from the API server's metrics before it writes, and may not: grant get on the non-resource URL /metrics, or give etcd's address (--etcd-endpoints); the API server answered 403 Forbidden"}
+		return 0, &StalledError{Reason: quota.ReasonUnknown, Message: "restow reads etcd's database size from the API server's metrics before it writes, and may not: grant get on the non-resource URL /metrics, or give etcd's address (--etcd-endpoints); the API server answered 403 Forbidden"}
 	}
-	return cost, err
+	return 0, errors.New(Message(err))
 }
 
 // spaceSpent ends a rewrite's reservation: spent at the revision the API

@@ -84,6 +84,16 @@ func (e *Etcd) Compacted(ctx context.Context, revision int64) (bool, error) {
 	return false, nil
 }
 
+// Revision is etcd's revision now, from the header of a count of one key's
+// range under the prefix.
+func (e *Etcd) Revision(ctx context.Context) (int64, error) {
+	resp, err := e.Client.Get(ctx, strings.TrimSuffix(e.Prefix, "/")+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
+}
+
 // Access is how to reach etcd, as etcdctl's flags say it.
 type Access struct {
 	Endpoints         []string

@@ -7,6 +7,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -69,9 +70,15 @@ const (
 	// MaxValueBytes is etcd's default --max-request-bytes: the size assumed
 	// for an object whose size restow cannot know.
 	MaxValueBytes = 3 << 19
-	// refreshEvery is how often a budget that has room reads again anyway,
-	// for an alarm raised by others (etcd sources only).
+	// refreshEvery is how often a budget that has room reads again anyway:
+	// for what others wrote, an alarm, and the sizes it estimated.
 	refreshEvery = 10 * time.Second
+	// unsettled is how long after a write whose answer never came restow
+	// takes it to be in flight still: twice kube-apiserver's default
+	// --request-timeout. Then it counts as stored at etcd's revision.
+	unsettled = 2 * time.Minute
+	// unknownRevision marks writes whose revision is not known yet.
+	unknownRevision = math.MaxInt64
 	// refreshAtMost is how often a budget that lacks room reads again.
 	refreshAtMost = time.Second
 	// compactionPoll is how often a budget waiting for a compaction looks.
@@ -87,6 +94,8 @@ const (
 	ReasonQuota = "EtcdQuota"
 	// ReasonNotCompacting: no compaction came within the bound.
 	ReasonNotCompacting = "EtcdNotCompacting"
+	// ReasonUnknown: restow may not read etcd's size where it looks.
+	ReasonUnknown = "EtcdSpaceUnknown"
 )
 
 // Reading is what a Source saw of etcd's database at one moment.
@@ -118,16 +127,24 @@ type Source interface {
 	Read(ctx context.Context) (Reading, error)
 }
 
-// Compacted reports whether etcd compacted past revision: a read at it
-// answers that it was compacted. A Source that can tell itself (etcd's own
-// client) implements Compactor; otherwise each Acquire brings its own (a
-// list of the pass's resource at the revision).
-type Compacted func(ctx context.Context, revision int64) (bool, error)
-
-// Compactor is a Source that tells compactions itself.
-type Compactor interface {
+// Probe tells a budget what it cannot read from its source: whether etcd
+// compacted past a revision (a read at it answers that it was compacted),
+// and etcd's revision now. A Source that can tell itself (etcd's own
+// client) is a Probe; otherwise each Acquire brings one (lists of the
+// pass's resource).
+type Probe interface {
 	Compacted(ctx context.Context, revision int64) (bool, error)
+	Revision(ctx context.Context) (int64, error)
 }
+
+// ReadError is a failed reading of the source: with nothing seen, nothing
+// is written.
+type ReadError struct{ Err error }
+
+func (e *ReadError) Error() string {
+	return "reading etcd's database size, which restow writes only within: " + e.Err.Error()
+}
+func (e *ReadError) Unwrap() error { return e.Err }
 
 // ErrStalled stops a pass: its writes cannot go on without a person.
 type ErrStalled struct {
@@ -164,8 +181,12 @@ type Budget struct {
 	// Changed, if set, is told the stats whenever they change (metrics).
 	Changed func(Stats)
 
-	now  func() time.Time
-	slow sync.Mutex // one waiter reads and polls at a time
+	now func() time.Time
+	// slow lets one waiter at a time read and poll; a chan, so that a
+	// waiter whose pass ends stops waiting for it.
+	slow chan struct{}
+	// notifying delivers stats in the order they were taken.
+	notifying sync.Mutex
 
 	mu      sync.Mutex
 	reading Reading
@@ -186,13 +207,13 @@ type Budget struct {
 }
 
 // spent is the bytes of a bucket of writes, alive until a compaction
-// passes revision, the newest of them; first and ended are when the first
-// and the last of them ended.
+// passes revision, the newest of them (unknownRevision while one may still
+// be in flight); ended is when the last of them ended.
 type spent struct {
-	revision     int64
-	bytes        int64
-	first, ended time.Time
-	writes       int
+	revision int64
+	bytes    int64
+	ended    time.Time
+	writes   int
 }
 
 // A bucket holds at most bucketWrites writes and bucketBytes bytes: few
@@ -205,7 +226,7 @@ const (
 
 // New is a budget over source with the defaults.
 func New(source Source) *Budget {
-	return &Budget{source: source, Share: DefaultShare, CompactionBound: DefaultCompactionBound, now: time.Now}
+	return &Budget{source: source, Share: DefaultShare, CompactionBound: DefaultCompactionBound, now: time.Now, slow: make(chan struct{}, 1)}
 }
 
 // Acquire waits until a write of size bytes fits, and reserves it: the
@@ -213,16 +234,16 @@ func New(source Source) *Budget {
 // write cannot fit without a person, and ctx's error when ctx ends.
 // compacted looks for a compaction where the source cannot; waiting, if
 // set, is told what a wait for one waits for, and "" when it ends.
-func (b *Budget) Acquire(ctx context.Context, size int64, compacted Compacted, waiting func(string)) (int64, error) {
+func (b *Budget) Acquire(ctx context.Context, size int64, probe Probe, waiting func(string)) (int64, error) {
 	cost := Cost(size)
-	if c, ok := b.source.(Compactor); ok {
-		compacted = c.Compacted
+	if p, ok := b.source.(Probe); ok {
+		probe = p
 	}
 	for {
 		if b.reserve(cost) {
 			return cost, nil
 		}
-		if err := b.makeRoom(ctx, cost, compacted, waiting); err != nil {
+		if err := b.makeRoom(ctx, cost, probe, waiting); err != nil {
 			return 0, err
 		}
 	}
@@ -232,7 +253,8 @@ func (b *Budget) Acquire(ctx context.Context, size int64, compacted Compacted, w
 func (b *Budget) reserve(cost int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.read || b.blocked != "" || b.now().Sub(b.readAt) > refreshEvery && b.alarmsVisible() {
+	// A compaction seen zeroes readAt: the next write reads first.
+	if !b.read || b.stalled != nil || b.readAt.IsZero() || b.now().Sub(b.readAt) > refreshEvery {
 		return false
 	}
 	if !b.fits(cost) {
@@ -241,10 +263,6 @@ func (b *Budget) reserve(cost int64) bool {
 	b.pending += cost
 	return true
 }
-
-// alarmsVisible: the source can see alarms, so a budget reads it again now
-// and then.
-func (b *Budget) alarmsVisible() bool { return b.reading.Source == SourceEtcd }
 
 // fits applies the two checks of the model to a write of cost bytes.
 func (b *Budget) fits(cost int64) bool {
@@ -310,23 +328,17 @@ func (b *Budget) Spend(cost, revision int64) {
 		i := sort.Search(len(b.alive), func(i int) bool { return b.alive[i].revision > revision })
 		b.alive = append(b.alive, spent{})
 		copy(b.alive[i+1:], b.alive[i:])
-		b.alive[i] = spent{revision: revision, bytes: cost, first: now, ended: now, writes: 1}
+		b.alive[i] = spent{revision: revision, bytes: cost, ended: now, writes: 1}
 	}
-	stats := b.statsLocked()
 	b.mu.Unlock()
-	b.notify(stats)
+	b.notify()
 }
 
 // SpendUnknown records a reserved write whose outcome is unknown (the
-// request failed without an answer): it may have been stored, at a revision
-// no later than the newest restow knows of now that it did not see, so it
-// counts as alive until a compaction passes the newest revision seen after it.
-func (b *Budget) SpendUnknown(cost int64) {
-	b.mu.Lock()
-	revision := b.newest
-	b.mu.Unlock()
-	b.Spend(cost, revision+1)
-}
+// request failed without an answer): it may still be stored, while the API
+// server has it, so its revision is taken once it can no longer be in
+// flight (unsettled), as etcd's revision then.
+func (b *Budget) SpendUnknown(cost int64) { b.Spend(cost, unknownRevision) }
 
 // Release returns a reserved write that stored nothing.
 func (b *Budget) Release(cost int64) {
@@ -361,10 +373,14 @@ func (b *Budget) statsLocked() Stats {
 	return s
 }
 
-func (b *Budget) notify(s Stats) {
-	if b.Changed != nil {
-		b.Changed(s)
+// notify tells Changed the stats, taken and delivered in order.
+func (b *Budget) notify() {
+	if b.Changed == nil {
+		return
 	}
+	b.notifying.Lock()
+	defer b.notifying.Unlock()
+	b.Changed(b.Stats())
 }
 
 // Describe says what the budget is now and what it assumes, for a person.

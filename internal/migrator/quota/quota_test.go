@@ -17,6 +17,7 @@ type fakeSource struct {
 	quota     int64
 	alarms    []string
 	compacted int64
+	revision  int64
 	reads     int
 }
 
@@ -31,6 +32,12 @@ func (f *fakeSource) Compacted(_ context.Context, revision int64) (bool, error) 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return revision < f.compacted, nil
+}
+
+func (f *fakeSource) Revision(context.Context) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.revision, nil
 }
 
 // write is one rewrite of size bytes: acquired, then stored at revision
@@ -179,10 +186,41 @@ func TestBudgetBuckets(t *testing.T) {
 		t.Errorf("buckets end at revisions %d, %d, want 3, %d", b.alive[0].revision, b.alive[1].revision, 2*bucketWrites)
 	}
 	f.compacted = 2*bucketWrites + 1 // past the first two buckets only
-	if freed, err := b.collect(t.Context(), f.Compacted); err != nil || !freed {
+	if freed, err := b.collect(t.Context(), f); err != nil || !freed {
 		t.Fatalf("collect: %v, %v", freed, err)
 	}
 	if n, want := b.Stats().AliveBytes, int64(bucketWrites+1)*Cost(100); len(b.alive) != 2 || n != want {
 		t.Errorf("after the compaction: %d buckets of %d bytes, want 2 of %d", len(b.alive), n, want)
+	}
+}
+
+// TestBudgetUnknownOutcome: a write whose answer never came stays alive,
+// whatever compactions pass, while it may still be in flight; then it
+// takes etcd's revision of that moment, and only a compaction past that
+// frees it.
+func TestBudgetUnknownOutcome(t *testing.T) {
+	f := &fakeSource{file: mib, inUse: mib, quota: 2 << 30, revision: 100, compacted: 100}
+	b := New(f)
+	clock := time.Now()
+	b.now = func() time.Time { return clock }
+	cost, err := b.Acquire(t.Context(), mib, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SpendUnknown(cost)
+	if freed, err := b.collect(t.Context(), f); err != nil || freed {
+		t.Fatalf("a write that may be in flight was freed (%v, %v)", freed, err)
+	}
+	clock = clock.Add(unsettled)
+	f.revision = 150 // etcd moved on meanwhile
+	if freed, err := b.collect(t.Context(), f); err != nil || freed {
+		t.Fatalf("freed by a compaction at 100, before the revision it took, 150 (%v, %v)", freed, err)
+	}
+	if b.alive[0].revision != 150 {
+		t.Fatalf("the settled write is at revision %d, want 150", b.alive[0].revision)
+	}
+	f.compacted = 151
+	if freed, err := b.collect(t.Context(), f); err != nil || !freed || b.Stats().AliveBytes != 0 {
+		t.Fatalf("a compaction past 150 did not free it (%v, %v, %d bytes alive)", freed, err, b.Stats().AliveBytes)
 	}
 }

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -15,9 +16,12 @@ import (
 
 // makeRoom reads again, or waits for a compaction, until a write of cost
 // might fit; it returns an *ErrStalled when it cannot without a person.
-func (b *Budget) makeRoom(ctx context.Context, cost int64, compacted Compacted, waiting func(string)) error {
-	b.slow.Lock()
-	defer b.slow.Unlock()
+func (b *Budget) makeRoom(ctx context.Context, cost int64, probe Probe, waiting func(string)) error {
+	release, err := b.takeSlow(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if b.mayReadAgain() {
 		return b.refresh(ctx)
 	}
@@ -35,11 +39,23 @@ func (b *Budget) makeRoom(ctx context.Context, cost int64, compacted Compacted, 
 		// does a compaction past them free anything.
 		return pace.SleepUntil(ctx, b.now().Add(50*time.Millisecond))
 	case alive:
-		return b.waitForCompaction(ctx, compacted, waiting)
+		return b.waitForCompaction(ctx, probe, waiting)
 	}
-	return b.stall(ReasonQuota, fmt.Sprintf(
+	// This object does not fit; a smaller one of another pass may: the
+	// stop is this pass's, not the budget's.
+	return b.stallOnce(ReasonQuota, fmt.Sprintf(
 		"an object of %s does not fit under etcd's quota with restow's margin of %s, and no rewrite of restow's is waiting for a compaction: %s. Before etcd raises its NOSPACE alarm, which refuses every write in the cluster: defragment each etcd member in turn (etcdctl defrag --endpoints=<one member>), or raise --quota-backend-bytes; if the alarm was raised, disarm it after (etcdctl alarm disarm)",
 		MiB(cost), MiB(b.marginNow()), b.Describe()))
+}
+
+// takeSlow waits for the waiter's turn, or for ctx to end.
+func (b *Budget) takeSlow(ctx context.Context) (func(), error) {
+	select {
+	case b.slow <- struct{}{}:
+		return func() { <-b.slow }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // mayReadAgain: nothing was read yet, or the last reading is older than
@@ -58,9 +74,11 @@ func (b *Budget) refresh(ctx context.Context) error {
 	r, err := b.source.Read(ctx)
 	b.readings.Add(1)
 	if err != nil {
-		return fmt.Errorf("reading etcd's database size, which restow writes only within: %w", err)
+		return &ReadError{Err: err}
 	}
-	r.At = start
+	if r.At.IsZero() {
+		r.At = start
+	}
 	if r.QuotaBytes <= 0 {
 		r.QuotaBytes = DefaultQuotaBytes
 	}
@@ -73,21 +91,21 @@ func (b *Budget) refresh(ctx context.Context) error {
 			"etcd reports %s: it refuses writes, and restow writes nothing until the alarm is disarmed. Free space first: compact, defragment each member in turn (etcdctl defrag), or raise --quota-backend-bytes; then etcdctl alarm disarm (%s)",
 			strings.Join(r.Alarms, ", "), b.Describe()))
 	}
-	b.notify(b.Stats())
+	b.notify()
 	return nil
 }
 
 // waitForCompaction polls until a compaction frees some of restow's writes,
 // or stops once the oldest has waited CompactionBound.
-func (b *Budget) waitForCompaction(ctx context.Context, compacted Compacted, waiting func(string)) error {
+func (b *Budget) waitForCompaction(ctx context.Context, probe Probe, waiting func(string)) error {
 	b.waits.Add(1)
-	b.notify(b.Stats())
+	b.notify()
 	if waiting != nil {
 		waiting("Waiting for etcd to compact past restow's rewrites before writing more: " + b.Describe())
 		defer waiting("")
 	}
 	for {
-		freed, err := b.collect(ctx, compacted)
+		freed, err := b.collect(ctx, probe)
 		if err != nil {
 			return err
 		}
@@ -98,8 +116,10 @@ func (b *Budget) waitForCompaction(ctx context.Context, compacted Compacted, wai
 			b.mu.Unlock()
 			return nil
 		}
+		// The oldest bucket is freed by a compaction past its newest
+		// write: the bound counts from there.
 		b.mu.Lock()
-		oldest := b.alive[0].first
+		oldest := b.alive[0].ended
 		b.mu.Unlock()
 		if waited := b.now().Sub(oldest); waited >= b.CompactionBound {
 			return b.stall(ReasonNotCompacting, fmt.Sprintf(
@@ -112,20 +132,28 @@ func (b *Budget) waitForCompaction(ctx context.Context, compacted Compacted, wai
 	}
 }
 
-// collect drops the writes a compaction passed, finding the newest of them
-// by halving (revisions compact in order), and reports whether it dropped any.
-func (b *Budget) collect(ctx context.Context, compacted Compacted) (bool, error) {
+// collect drops the buckets a compaction passed, finding the newest of
+// them by halving (revisions compact in order), and reports whether it
+// dropped any. Buckets with a write that may still be in flight wait until
+// it cannot be (unsettled), then take etcd's revision of that moment.
+func (b *Budget) collect(ctx context.Context, probe Probe) (bool, error) {
+	if err := b.settleUnknown(ctx, probe); err != nil {
+		return false, err
+	}
 	b.mu.Lock()
-	revisions := make([]int64, len(b.alive))
-	for i, s := range b.alive {
-		revisions[i] = s.revision
+	var revisions []int64
+	for _, s := range b.alive {
+		if s.revision == unknownRevision {
+			break // sorted last
+		}
+		revisions = append(revisions, s.revision)
 	}
 	b.mu.Unlock()
 	// passed is how many of the oldest revisions a compaction passed.
 	passed, low, high := 0, 0, len(revisions)
 	for low < high {
 		mid := (low + high) / 2
-		ok, err := compacted(ctx, revisions[mid])
+		ok, err := probe.Compacted(ctx, revisions[mid])
 		if err != nil {
 			return false, fmt.Errorf("looking for a compaction past restow's writes: %w", err)
 		}
@@ -139,7 +167,7 @@ func (b *Budget) collect(ctx context.Context, compacted Compacted) (bool, error)
 		return false, nil
 	}
 	b.mu.Lock()
-	// Writes spent meanwhile sort in after the ones looked at, or among
+	// Buckets spent meanwhile sort in after the ones looked at, or among
 	// them with a revision no later: a compaction past the newest looked
 	// at passed them too.
 	last := revisions[passed-1]
@@ -151,10 +179,36 @@ func (b *Budget) collect(ctx context.Context, compacted Compacted) (bool, error)
 	}
 	b.alive = kept
 	b.sumAlive()
-	stats := b.statsLocked()
 	b.mu.Unlock()
-	b.notify(stats)
+	b.notify()
 	return true, nil
+}
+
+// settleUnknown gives the buckets whose writes can no longer be in flight
+// etcd's revision now, which any of them that was stored precedes.
+func (b *Budget) settleUnknown(ctx context.Context, probe Probe) error {
+	b.mu.Lock()
+	due := false
+	for _, s := range b.alive {
+		due = due || s.revision == unknownRevision && b.now().Sub(s.ended) >= unsettled
+	}
+	b.mu.Unlock()
+	if !due {
+		return nil
+	}
+	revision, err := probe.Revision(ctx)
+	if err != nil {
+		return fmt.Errorf("reading etcd's revision: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := range b.alive {
+		if s := &b.alive[i]; s.revision == unknownRevision && b.now().Sub(s.ended) >= unsettled {
+			s.revision = revision
+		}
+	}
+	sort.SliceStable(b.alive, func(i, j int) bool { return b.alive[i].revision < b.alive[j].revision })
+	return nil
 }
 
 // stall stops writes for reason.
@@ -162,10 +216,19 @@ func (b *Budget) stall(reason, message string) error {
 	err := &ErrStalled{Reason: reason, Message: message}
 	b.mu.Lock()
 	b.blocked, b.stalled = reason, err
-	stats := b.statsLocked()
 	b.mu.Unlock()
-	b.notify(stats)
+	b.notify()
 	return err
+}
+
+// stallOnce stops the one write that asked, and shows the reason until the
+// next reading.
+func (b *Budget) stallOnce(reason, message string) error {
+	b.mu.Lock()
+	b.blocked = reason
+	b.mu.Unlock()
+	b.notify()
+	return &ErrStalled{Reason: reason, Message: message}
 }
 
 func (b *Budget) marginNow() int64 {
@@ -177,7 +240,10 @@ func (b *Budget) marginNow() int64 {
 // Read reads the source now, as a first write would: for an estimate
 // before any.
 func (b *Budget) Read(ctx context.Context) error {
-	b.slow.Lock()
-	defer b.slow.Unlock()
+	release, err := b.takeSlow(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	return b.refresh(ctx)
 }
