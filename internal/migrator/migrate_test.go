@@ -142,7 +142,11 @@ func TestMigrateWithoutUpdatePermission(t *testing.T) {
 	const user = "restow-list-and-patch"
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: user},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{fx.Group}, Resources: []string{fx.Plural}, Verbs: []string{"list", "patch"}}},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{fx.Group}, Resources: []string{fx.Plural}, Verbs: []string{"list", "patch"}},
+			// etcd's size, read before the pass writes (package quota).
+			{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}},
+		},
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: user},

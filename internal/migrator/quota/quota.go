@@ -81,6 +81,9 @@ const (
 	unknownRevision = math.MaxInt64
 	// refreshAtMost is how often a budget that lacks room reads again.
 	refreshAtMost = time.Second
+	// readFailureBound is how long writes wait for a reading that keeps
+	// failing before they fail with it.
+	readFailureBound = time.Minute
 	// compactionPoll is how often a budget waiting for a compaction looks.
 	compactionPoll = time.Second
 )
@@ -200,6 +203,10 @@ type Budget struct {
 	largest               int64
 	blocked               string
 	stalled               error
+	// lastTry is the last try to read; readErr its error while readings
+	// fail, since failingSince.
+	lastTry, failingSince time.Time
+	readErr               error
 	newest                int64
 	waits                 atomic.Int64
 	compacts              atomic.Int64
@@ -253,8 +260,7 @@ func (b *Budget) Acquire(ctx context.Context, size int64, probe Probe, waiting f
 func (b *Budget) reserve(cost int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	// A compaction seen zeroes readAt: the next write reads first.
-	if !b.read || b.stalled != nil || b.readAt.IsZero() || b.now().Sub(b.readAt) > refreshEvery {
+	if !b.freshLocked() || b.stalled != nil {
 		return false
 	}
 	if !b.fits(cost) {
@@ -302,6 +308,12 @@ func (b *Budget) sumAlive() {
 			b.includedSum += s.bytes
 		}
 	}
+}
+
+// freshLocked: the last reading may be written by; a compaction seen
+// zeroes readAt, so the next write reads first.
+func (b *Budget) freshLocked() bool {
+	return b.read && !b.readAt.IsZero() && b.now().Sub(b.readAt) <= refreshEvery
 }
 
 // Spend records a reserved write that the API server stored at revision.

@@ -224,3 +224,46 @@ func TestBudgetUnknownOutcome(t *testing.T) {
 		t.Fatalf("a compaction past 150 did not free it (%v, %v, %d bytes alive)", freed, err, b.Stats().AliveBytes)
 	}
 }
+
+// flakySource fails its readings until a time, as an API server restarting.
+type flakySource struct {
+	fakeSource
+	until time.Time
+}
+
+func (f *flakySource) Read(ctx context.Context) (Reading, error) {
+	r, err := f.fakeSource.Read(ctx)
+	if time.Now().Before(f.until) {
+		return Reading{}, errors.New("connection refused")
+	}
+	return r, err
+}
+
+// TestBudgetReadingFails: while readings fail, many writers wait for one
+// reading a second between them, not one each, and all go ahead once one
+// succeeds.
+func TestBudgetReadingFails(t *testing.T) {
+	f := &flakySource{fakeSource: fakeSource{file: mib, inUse: mib, quota: 2 << 30}, until: time.Now().Add(2 * time.Second)}
+	b := New(f)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Go(func() {
+			cost, err := b.Acquire(t.Context(), 100, f, nil)
+			if err == nil {
+				b.Release(cost)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f.reads > 5 {
+		t.Errorf("%d readings for 64 writers over 2 s of failures, want one a second", f.reads)
+	}
+}

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -23,12 +24,18 @@ func (b *Budget) makeRoom(ctx context.Context, cost int64, probe Probe, waiting 
 	}
 	defer release()
 	if b.mayReadAgain() {
-		return b.refresh(ctx)
+		return b.readOrWait(ctx)
 	}
 	b.mu.Lock()
+	fresh, failing := b.freshLocked(), b.readErr
 	stalled, fits, alive, pending := b.stalled, b.fits(cost), len(b.alive) > 0, b.pending > 0
 	b.mu.Unlock()
 	switch {
+	case !fresh && failing != nil && b.now().Sub(b.failingSince) >= readFailureBound:
+		return failing
+	case !fresh:
+		// A reading is due, and the last try was a moment ago.
+		return b.untilNextTry(ctx)
 	case stalled != nil:
 		// Until a reading says otherwise.
 		return stalled
@@ -58,12 +65,40 @@ func (b *Budget) takeSlow(ctx context.Context) (func(), error) {
 	}
 }
 
-// mayReadAgain: nothing was read yet, or the last reading is older than
-// refreshAtMost, or writes are stopped (read to see whether they may go on).
+// mayReadAgain: the last try to read is older than refreshAtMost, or none
+// was made (a compaction seen clears it).
 func (b *Budget) mayReadAgain() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return !b.read || b.now().Sub(b.readAt) >= refreshAtMost
+	return b.lastTry.IsZero() || b.now().Sub(b.lastTry) >= refreshAtMost
+}
+
+// readOrWait reads the source. A failed reading is tried again once per
+// refreshAtMost, by one waiter at a time while the others wait their turn,
+// for up to readFailureBound (an API server restarting, or one whose etcd
+// status is slow to come); after it, every write fails with it at once,
+// as a transient error, until a reading succeeds.
+func (b *Budget) readOrWait(ctx context.Context) error {
+	err := b.refresh(ctx)
+	var unread *ReadError
+	if !errors.As(err, &unread) {
+		return err
+	}
+	b.mu.Lock()
+	failingFor := b.now().Sub(b.failingSince)
+	b.mu.Unlock()
+	if failingFor >= readFailureBound {
+		return err
+	}
+	return b.untilNextTry(ctx)
+}
+
+// untilNextTry waits until the next reading may be tried.
+func (b *Budget) untilNextTry(ctx context.Context) error {
+	b.mu.Lock()
+	next := b.lastTry.Add(refreshAtMost)
+	b.mu.Unlock()
+	return pace.SleepUntil(ctx, next)
 }
 
 // refresh reads the source, and stops writes while a member reports an
@@ -74,7 +109,13 @@ func (b *Budget) refresh(ctx context.Context) error {
 	r, err := b.source.Read(ctx)
 	b.readings.Add(1)
 	if err != nil {
-		return &ReadError{Err: err}
+		b.mu.Lock()
+		b.lastTry, b.readErr = b.now(), &ReadError{Err: err}
+		if b.failingSince.IsZero() {
+			b.failingSince = start
+		}
+		b.mu.Unlock()
+		return b.readErr
 	}
 	if r.At.IsZero() {
 		r.At = start
@@ -84,6 +125,7 @@ func (b *Budget) refresh(ctx context.Context) error {
 	}
 	b.mu.Lock()
 	b.reading, b.read, b.readAt, b.blocked, b.stalled = r, true, b.now(), "", nil
+	b.lastTry, b.readErr, b.failingSince = b.readAt, nil, time.Time{}
 	b.sumAlive()
 	b.mu.Unlock()
 	if len(r.Alarms) > 0 {
@@ -112,7 +154,8 @@ func (b *Budget) waitForCompaction(ctx context.Context, probe Probe, waiting fun
 		if freed {
 			b.compacts.Add(1)
 			b.mu.Lock()
-			b.readAt = time.Time{} // the bytes freed show in the next reading
+			// The bytes freed show in the next reading, taken at once.
+			b.readAt, b.lastTry = time.Time{}, time.Time{}
 			b.mu.Unlock()
 			return nil
 		}
