@@ -84,6 +84,7 @@ func (mg *migration) list(ctx context.Context, token string, whole bool, pages c
 		if err != nil {
 			return mg.passError("listing", err)
 		}
+		mg.noteSizes(bodies)
 		pg := page{items: list.Items, bodies: bodies, listed: listed, next: list.Continue, remaining: list.RemainingItemCount, resourceVersion: list.ResourceVersion}
 		if bodies != nil {
 			wholeLimit = nextWholeLimit(mg.opts.PageSize, wholeLimit, bodies)

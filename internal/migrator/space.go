@@ -2,10 +2,12 @@ package migrator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -138,12 +140,18 @@ func (m *Migrator) readMetrics(ctx context.Context, families ...string) (map[str
 	return parsed, nil
 }
 
-// objectBytes is the average size of target's objects as stored, from the
-// API server's estimate, for rewrites whose size restow does not see (merge
-// patches: it never reads a Secret's value); quota.MaxValueBytes, the
-// largest etcd takes, where the API server does not say (before 1.34, or
-// SizeBasedListCostEstimate off).
+// objectBytes is the size of a rewrite whose object restow does not hold
+// (a merge patch): the largest object the pass listed whole, for a CRD's;
+// else the average size of target's objects as stored, from the API
+// server's estimate (restow never reads a Secret's value);
+// quota.MaxValueBytes, the largest etcd takes, where the API server does
+// not say (before 1.34, SizeBasedListCostEstimate off, or a resource newer
+// than its --etcd-count-metric-poll-period).
 func (mg *migration) objectBytes(ctx context.Context) int64 {
+	if largest := mg.largestBody.Load(); largest > 0 {
+		// The pass lists whole objects: the largest it saw.
+		return largest
+	}
 	mg.sizeOnce.Do(func() {
 		mg.objectSize = quota.MaxValueBytes
 		families, err := mg.m.readMetrics(ctx, sizeEstimateMetric, objectCountMetric)
@@ -244,6 +252,17 @@ func (mg *migration) spaceSpent(cost int64, read, written string, err error) {
 type spaceState struct {
 	sizeOnce   sync.Once
 	objectSize int64
+	// largestBody is the largest object the pass listed whole.
+	largestBody atomic.Int64
+}
+
+// noteSizes records the sizes of a page listed whole.
+func (mg *migration) noteSizes(bodies []json.RawMessage) {
+	for _, body := range bodies {
+		if n := int64(len(body)); n > mg.largestBody.Load() {
+			mg.largestBody.Store(n)
+		}
+	}
 }
 
 // SpaceEstimate is what a pass over a target would keep alive in etcd, and

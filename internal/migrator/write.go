@@ -76,7 +76,11 @@ func (mg *migration) write(ctx context.Context, obj *metav1.PartialObjectMetadat
 			}
 		}
 	}
-	return mg.patch(ctx, obj)
+	size := int64(len(body))
+	if body == nil {
+		size = mg.objectBytes(ctx)
+	}
+	return mg.patch(ctx, obj, size)
 }
 
 // errBodyStale says a listed body got too old to be written back while its
@@ -366,7 +370,7 @@ type rewritePatch struct {
 // object is stored at the target version already. The /status subresource
 // ignores metadata, so a patch that carries managedFields goes to the main
 // resource even with ViaStatus.
-func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadata) (bool, error) {
+func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadata, size int64) (bool, error) {
 	var body rewritePatch
 	body.Metadata.ResourceVersion = obj.ResourceVersion
 	managedFields, repoint, err := mg.repointedManagedFields(obj)
@@ -383,7 +387,7 @@ func (mg *migration) patch(ctx context.Context, obj *metav1.PartialObjectMetadat
 	if err != nil {
 		return false, err
 	}
-	cost, err := mg.takeSpace(ctx, mg.objectBytes(ctx))
+	cost, err := mg.takeSpace(ctx, size)
 	if err != nil {
 		return false, err
 	}
