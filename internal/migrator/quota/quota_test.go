@@ -114,12 +114,11 @@ func TestBudgetStalls(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		source *fakeSource
-		alive  bool
 		reason string
 	}{
-		{"an alarm", &fakeSource{file: mib, inUse: mib, quota: 128 * mib, alarms: []string{"NOSPACE on member 1"}}, false, ReasonAlarm},
-		{"no room for one object", &fakeSource{file: 127 * mib, inUse: 20 * mib, quota: 128 * mib}, false, ReasonQuota},
-		{"no compaction", &fakeSource{file: 100 * mib, inUse: 100 * mib, quota: 160 * mib}, true, ReasonNotCompacting},
+		{"an alarm", &fakeSource{file: mib, inUse: mib, quota: 128 * mib, alarms: []string{"NOSPACE on member 1"}}, ReasonAlarm},
+		{"no room for one object", &fakeSource{file: 127 * mib, inUse: 20 * mib, quota: 128 * mib}, ReasonQuota},
+		{"no compaction", &fakeSource{file: 100 * mib, inUse: 100 * mib, quota: 160 * mib}, ReasonNotCompacting},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := New(tc.source)
