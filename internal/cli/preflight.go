@@ -5,18 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/internal/preflight"
+
 	"github.com/restow/restow/internal/verify"
 )
 
@@ -161,8 +159,9 @@ type etcdRead struct {
 func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []preflight.Manifest, output string, etcd etcdRead, trustWebhook bool) error {
 	out := preflightOutput{}
 	worst := preflight.OK
+	p := &preflight.Preparer{Client: c.client, TrustWebhook: trustWebhook}
 	for _, m := range manifests {
-		v, err := c.preflightOne(ctx, m, trustWebhook)
+		v, err := p.Check(ctx, m)
 		if err != nil {
 			return err
 		}
@@ -201,93 +200,6 @@ func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []pref
 		return &exitError{code: ExitPending, err: errors.New("the API server would refuse a CRD until kubectl restow prepare migrates it: see needs prepare above")}
 	}
 	return nil
-}
-
-// preflightOne judges one manifest against the live CRD, and confirms it
-// with a server-side dry run of the manifest's spec. trustWebhook is
-// --trust-conversion-webhook.
-func (c *clients) preflightOne(ctx context.Context, m preflight.Manifest, trustWebhook bool) (preflight.Verdict, error) {
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	err := c.client.Get(ctx, client.ObjectKey{Name: m.Name}, crd)
-	switch {
-	case apierrors.IsNotFound(err):
-		return preflight.Judge(m, nil), nil
-	case err != nil:
-		return preflight.Verdict{}, fmt.Errorf("reading CRD %s: %w", m.Name, err)
-	}
-	live := preflight.LiveOf(crd)
-	live.Migrated, err = c.lastPassAt(ctx, crd, live.Storage)
-	if err != nil {
-		return preflight.Verdict{}, err
-	}
-	v := preflight.Judge(m, &live)
-	v.CheckedResourceVersion = crd.ResourceVersion
-	switch {
-	case v.Bridge != "":
-		err = c.fieldCheck(ctx, crd, m.CRD, &v, trustWebhook)
-	case v.State == preflight.NeedsPrepare && viaWebhook(crd):
-		err = c.webhookCheck(ctx, crd, &v)
-	}
-	if err != nil {
-		return preflight.Verdict{}, err
-	}
-	if m.CRD == nil {
-		return v, nil
-	}
-	refused, err := c.dryRunApply(ctx, crd, m.CRD)
-	switch {
-	case err != nil:
-		return preflight.Verdict{}, err
-	case refused == "":
-		v.DryRun = "accepted"
-	default:
-		v.DryRun = "refused: " + refused
-		if v.State == preflight.OK {
-			v.State, v.Reason = preflight.Blocked, "the API server refuses the CRD for a reason other than its stored versions: "+refused
-		}
-	}
-	return v, nil
-}
-
-// dryRunApply sends the manifest's spec as an update of the live CRD with
-// dryRun=All: the API server validates it as it would the apply, stores
-// nothing, and says why it refuses it ("" when it accepts it).
-func (c *clients) dryRunApply(ctx context.Context, live, manifest *apiextensionsv1.CustomResourceDefinition) (string, error) {
-	updated := live.DeepCopy()
-	updated.Spec = *manifest.Spec.DeepCopy()
-	err := c.client.Update(ctx, updated, client.DryRunAll)
-	switch {
-	case err == nil:
-		return "", nil
-	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
-		return err.Error(), nil
-	}
-	// A 403 may be RBAC (the dry run needs update on the CRD) or an
-	// admission webhook: not a verdict either way.
-	return "", fmt.Errorf("dry run of CRD %s: %w", manifest.Name, err)
-}
-
-// lastPassAt says what restow's StorageMigrations record of a pass that
-// rewrote every object of crd's resource at version, or "".
-func (c *clients) lastPassAt(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, version string) (string, error) {
-	gr := schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
-	migrations, err := c.migrationsFor(ctx, gr)
-	if errors.Is(err, errNotInstalled) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
-		// restow's CRD not installed, or not readable: no record.
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	i := slices.IndexFunc(migrations, func(sm migrationv1alpha1.StorageMigration) bool {
-		p := sm.Status.LastPass
-		return p != nil && p.TargetVersion == version && p.Failed == 0
-	})
-	if i < 0 {
-		return "", nil
-	}
-	p := migrations[i].Status.LastPass
-	return fmt.Sprintf("restow's StorageMigration %s rewrote all %d objects to %s at %s", migrations[i].Name, p.Listed, version, p.CompletionTime.UTC().Format("2006-01-02T15:04:05Z")), nil
 }
 
 // storedInEtcd counts the objects of CRD name by the version etcd holds

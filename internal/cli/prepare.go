@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	"k8s.io/client-go/util/retry"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/restow/restow/internal/migrator"
 	"github.com/restow/restow/internal/preflight"
@@ -75,7 +71,7 @@ rest.`, ExitNoOperator, ExitBlocked, ExitPending, ExitTimeout),
 				return err
 			}
 			return untilTimeout(cmd.Context(), opts.timeout, func(ctx context.Context) error {
-				return prepare(ctx, c, streams, manifests, opts)
+				return runPrepare(ctx, c, streams, manifests, opts)
 			})
 		},
 	}
@@ -88,21 +84,29 @@ rest.`, ExitNoOperator, ExitBlocked, ExitPending, ExitTimeout),
 	return cmd
 }
 
-// prepare migrates every CRD of manifests that needs it, one at a time,
+// runPrepare migrates every CRD of manifests that needs it, one at a time,
 // and judges each again after: the apply passes only once the API server's
 // dry run accepts it. A CRD that is blocked, or whose migration fails, does
 // not stop the others; the exit code is the weightiest outcome (an error,
 // then blocked, then a migration that left objects behind). Only the end of
 // ctx (--timeout, an interrupt) stops the rest.
-func prepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams, manifests []preflight.Manifest, opts prepareOptions) error {
+func runPrepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams, manifests []preflight.Manifest, opts prepareOptions) error {
 	viaOperator, err := c.handsToOperator(ctx, opts.inProcess)
 	if err != nil {
 		return err
 	}
+	p := &preflight.Preparer{
+		Client: c.client, TrustWebhook: opts.trustWebhook, DryRun: opts.dryRun,
+		Migrate: func(ctx context.Context, name, target string) error {
+			return c.migrateFor(ctx, streams, name, target, opts, viaOperator)
+		},
+		Report: reporter(streams),
+	}
 	var failed []error
 	blocked := false
 	for _, m := range manifests {
-		state, err := prepareOne(ctx, c, streams, m, opts, viaOperator)
+		state, err := p.Prepare(ctx, m)
+		err = exitOf(err)
 		if ctx.Err() != nil {
 			return errors.Join(err, ctx.Err())
 		}
@@ -132,6 +136,27 @@ func prepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams
 		return &exitError{code: ExitBlocked, err: errors.New("a CRD is blocked: prepare cannot let its apply through; see above")}
 	}
 	return nil
+}
+
+// exitOf gives an error of prepare's its exit code.
+func exitOf(err error) error {
+	switch {
+	case errors.Is(err, preflight.ErrBlocked):
+		return &exitError{code: ExitBlocked, err: err}
+	case errors.Is(err, preflight.ErrPending):
+		return &exitError{code: ExitPending, err: err}
+	}
+	return err
+}
+
+// reporter prints what prepare does: steps and outcomes on standard
+// output, warnings on standard error.
+type reporter genericiooptions.IOStreams
+
+func (r reporter) Did(crd, what string) { fmt.Fprintf(r.Out, "%s: %s\n", crd, what) }
+
+func (r reporter) Warn(crd, warning string) {
+	fmt.Fprintf(r.ErrOut, "Warning: %s: %s\n", crd, warning)
 }
 
 // prepareWeight orders prepare's exit codes, lightest first: objects a
@@ -166,108 +191,6 @@ func (c *clients) handsToOperator(ctx context.Context, inProcess bool) (bool, er
 	return true, nil
 }
 
-// prepareOne judges m, migrates its CRD if it needs prepare, and judges it
-// again; it returns the state judged first.
-func prepareOne(ctx context.Context, c *clients, streams genericiooptions.IOStreams, m preflight.Manifest, opts prepareOptions, viaOperator bool) (preflight.State, error) {
-	v, err := c.preflightOne(ctx, m, opts.trustWebhook)
-	if err != nil {
-		return "", err
-	}
-	switch {
-	case v.State == preflight.Blocked:
-		fmt.Fprintf(streams.Out, "%s: blocked, left as it is: %s\n", v.CRD, v.Reason)
-		return v.State, nil
-	case v.State != preflight.NeedsPrepare:
-		fmt.Fprintf(streams.Out, "%s: %s, nothing to prepare: %s\n", v.CRD, v.State, v.Reason)
-		return v.State, nil
-	case v.Unchecked != "":
-		return v.State, fmt.Errorf("%s; nothing was changed", v.Unchecked)
-	case opts.dryRun && v.Bridge != "":
-		fmt.Fprintf(streams.Out, "%s: would make %s the live storage version (no field of any object is lost at it: checked), migrate every object to it and prune status.storedVersions to [%s] (dry run: nothing changed)\n", v.CRD, v.Bridge, v.Bridge)
-		return v.State, nil
-	case opts.dryRun:
-		fmt.Fprintf(streams.Out, "%s: would migrate every object to %s and prune %v from status.storedVersions (dry run: nothing changed)\n", v.CRD, v.Storage, v.Drops)
-		return v.State, nil
-	}
-	for _, warning := range v.Warnings {
-		fmt.Fprintf(streams.ErrOut, "Warning: %s: %s\n", v.CRD, warning)
-	}
-	target := v.Storage
-	if v.Bridge != "" {
-		target = v.Bridge
-		if state, err := c.toBridge(ctx, streams, m.Name, v); err != nil {
-			return state, err
-		}
-	}
-	err = c.migrateFor(ctx, streams, m.Name, target, opts, viaOperator)
-	if err != nil {
-		if v.Bridge != "" {
-			err = fmt.Errorf("%w; the live storage version is now %s, every stored version is still listed, and nothing is lost: run prepare again, or apply the release that is installed to move it back", err, v.Bridge)
-		}
-		return v.State, errors.Join(err, c.flippedBack(ctx, m.Name, target))
-	}
-	after, err := c.preflightOne(ctx, m, opts.trustWebhook)
-	if err != nil {
-		return v.State, err
-	}
-	if after.State != preflight.OK {
-		return v.State, &exitError{code: ExitPending, err: fmt.Errorf("after the migration it is still %s: %s", after.State, after.Reason)}
-	}
-	fmt.Fprintf(streams.Out, "%s: prepared: status.storedVersions lists %s alone; the apply passes (server-side dry run: %s)\n", v.CRD, target, dryRunSaid(after.DryRun))
-	return v.State, nil
-}
-
-// dryRunSaid is what a verdict's dry run said, or why none was made.
-func dryRunSaid(dryRun string) string {
-	if dryRun == "" {
-		return "none: --keep gives versions, not a manifest"
-	}
-	return dryRun
-}
-
-// flippedBack says, after a migration to version failed, whether the CRD's
-// storage version moved away from it meanwhile (an owner re-applying the
-// old CRD: an operator that manages its CRDs, a GitOps self-heal), and
-// who wrote it; nil if it did not.
-func (c *clients) flippedBack(ctx context.Context, name, version string) error {
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-		return fmt.Errorf("reading CRD %s again to see whether its storage version moved: %w", name, err)
-	}
-	live := preflight.LiveOf(crd)
-	if live.Storage == version {
-		return nil
-	}
-	// spec.versions is an atomic list: whoever wrote it last owns it.
-	writer, _ := versionsOwner(crd)
-	return fmt.Errorf("the storage version of CRD %s went from %s to %s while prepare migrated (spec.versions is now field manager %s's): nothing was pruned. Something re-applies the old CRD (an operator that manages its own CRDs, a GitOps self-heal): pause it, then run prepare again", name, version, live.Storage, writer)
-}
-
-// toBridge makes v.Bridge the live storage version of CRD name, onto the
-// CRD that was checked only, and, for a conversion webhook, checks the
-// round trip again (recheck); it returns the state prepare ends in when it
-// fails.
-func (c *clients) toBridge(ctx context.Context, streams genericiooptions.IOStreams, name string, v preflight.Verdict) (preflight.State, error) {
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-		return v.State, err
-	}
-	if crd.ResourceVersion != v.CheckedResourceVersion {
-		return v.State, fmt.Errorf("CRD %s changed since prepare checked its objects' fields: nothing was changed; run prepare again", name)
-	}
-	manager, err := c.switchStorage(ctx, crd, v.Bridge)
-	if err != nil {
-		return v.State, err
-	}
-	fmt.Fprintf(streams.Out, "%s: made %s the live storage version in place of %s (as field manager %s, which owns spec.versions), after checking that no object loses a field at it\n", v.CRD, v.Bridge, v.Storage, manager)
-	if viaWebhook(crd) {
-		if err := c.recheck(ctx, name, v); err != nil {
-			return preflight.Blocked, err
-		}
-	}
-	return v.State, nil
-}
-
 // migrateFor migrates CRD name to target: through the restow operator
 // where it runs (so that no second migration runs beside its own), else in
 // this process.
@@ -285,59 +208,3 @@ func (c *clients) migrateFor(ctx context.Context, streams genericiooptions.IOStr
 		expectStorage: target,
 	})
 }
-
-// recheck runs the round trip through the conversion webhook again right
-// after the storage switch, for objects written at the old storage version
-// between the first check and the switch; if one would lose a field, or
-// the webhook fails, it moves the storage version back to v.Storage and
-// stops, before this process migrates anything and with nothing pruned.
-// (Writes that reach the old storage later, through an API server that has
-// not switched yet, are what --trust-conversion-webhook vouches for.)
-func (c *clients) recheck(ctx context.Context, name string, v preflight.Verdict) error {
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-		return c.moveBack(ctx, name, v, fmt.Sprintf("reading the CRD after the switch failed: %v", err))
-	}
-	stored := slices.DeleteFunc(storedAt(crd), func(s string) bool { return s == v.Bridge })
-	trip, err := c.roundTrip(ctx, crd, stored, v.Bridge)
-	if err != nil {
-		return c.moveBack(ctx, name, v, fmt.Sprintf("the check after the switch failed: %v", err))
-	}
-	if losses := trip.all(); len(losses) > 0 {
-		return c.moveBack(ctx, name, v, fmt.Sprintf("after the switch, %s written at %s meanwhile would lose fields at %s or could not be converted there: %s",
-			objectCount(len(losses)), v.Storage, v.Bridge, nameLosses(losses)))
-	}
-	return nil
-}
-
-// moveBack makes v.Storage the storage version of CRD name again, after a
-// failed recheck said why, and returns the error prepare ends with. It
-// does so even when ctx has ended (an interrupt, --timeout), within a
-// bound of its own, on the CRD as it is then.
-func (c *clients) moveBack(ctx context.Context, name string, v preflight.Verdict, why string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moveBackTimeout)
-	defer cancel()
-	now := v.Bridge
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := c.client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-			return err
-		}
-		if now = preflight.LiveOf(crd).Storage; now != v.Bridge {
-			return nil
-		}
-		_, err := c.switchStorage(ctx, crd, v.Storage)
-		return err
-	})
-	back := fmt.Sprintf("moved the storage version back to %s", v.Storage)
-	switch {
-	case err == nil && now != v.Bridge:
-		back = fmt.Sprintf("the storage version was already %s, moved by another client, and is left so", now)
-	case err != nil:
-		back = fmt.Sprintf("could not move the storage version back to %s (%v): apply the installed release again", v.Storage, err)
-	}
-	return &exitError{code: ExitBlocked, err: fmt.Errorf("%s; %s, and nothing was pruned", why, back)}
-}
-
-// moveBackTimeout bounds moveBack.
-const moveBackTimeout = 30 * time.Second

@@ -1,4 +1,4 @@
-package cli
+package preflight
 
 import (
 	"context"
@@ -10,18 +10,18 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsac "k8s.io/apiextensions-apiserver/pkg/client/applyconfiguration/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
-
-	"github.com/restow/restow/internal/preflight"
 )
+
+// The check: that no object loses a field at the bridge, for conversion
+// None by the API server's own reads (readLosses) and strict dry runs
+// (strictDryRuns), for a webhook by a round trip (roundtrip.go); and how
+// losses are named (nameLosses: objects and fields, never values).
 
 // shownLosses is how many objects a field check names.
 const shownLosses = 10
@@ -33,15 +33,15 @@ const shownLosses = 10
 // (readLosses); with a webhook, by a round trip through it (roundTrip).
 // Every version objects may be stored at must be served, or they cannot
 // be read. A webhook is trusted with the objects written while the storage
-// version switches only with trustWebhook (--trust-conversion-webhook): no
+// version switches only with p.TrustWebhook (--trust-conversion-webhook): no
 // check can see those.
-func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict, trustWebhook bool) error {
+func (p *Preparer) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1.CustomResourceDefinition, v *Verdict) error {
 	block := func(format string, args ...any) {
-		v.State = preflight.Blocked
+		v.State = Blocked
 		v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version; ", v.Storage) + fmt.Sprintf(format, args...)
 	}
 	stored := storedAt(crd)
-	live := preflight.LiveOf(crd)
+	live := LiveOf(crd)
 	if version, ok := unserved(live, stored); ok {
 		block("objects may be stored at %s, which the live CRD does not serve, so restow cannot read them to prove that %s keeps every field: serve %s, or apply a release in between first", version, v.Bridge, version)
 		return nil
@@ -52,7 +52,7 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 	}
 	var losses map[client.ObjectKey][]string
 	if viaWebhook(crd) {
-		trip, err := c.roundTrip(ctx, crd, stored, v.Bridge)
+		trip, err := p.roundTrip(ctx, crd, stored, v.Bridge)
 		if err != nil {
 			return unchecked(v, err)
 		}
@@ -62,7 +62,7 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 		versions = []string{v.Bridge}
 	} else {
 		var err error
-		if losses, err = c.readLosses(ctx, crd, versions, v.Bridge); err != nil {
+		if losses, err = p.readLosses(ctx, crd, versions, v.Bridge); err != nil {
 			return err
 		}
 	}
@@ -74,9 +74,9 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 	// No object sets such a field now, but one written with it before the
 	// migration ends would lose it, and so would one the release's own
 	// schema of the bridge drops after the apply: fail closed.
-	loss := preflight.SchemaLoss(crd, versions, crd, v.Bridge)
+	loss := SchemaLoss(crd, versions, crd, v.Bridge)
 	if manifest != nil {
-		loss = append(loss, preflight.SchemaLoss(crd, versions, manifest, v.Bridge)...)
+		loss = append(loss, SchemaLoss(crd, versions, manifest, v.Bridge)...)
 	}
 	if len(loss) > 0 {
 		block("no object sets a field %s lacks now, but the schemas allow fields it does not (%s): an object written with one before the migration ends, or read after the release's apply, would lose it. Nothing was changed. Apply a release that keeps %s first",
@@ -84,7 +84,7 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 		return nil
 	}
 	if viaWebhook(crd) {
-		if !trustWebhook {
+		if !p.TrustWebhook {
 			block("its conversion is a webhook, and a round trip through it to %s and back kept every field of every object stored now; but an object written at %s while the storage version switches goes through the webhook unchecked, so restow bridges only with --trust-conversion-webhook, which vouches for the webhook. Nothing was changed", v.Bridge, v.Storage)
 			return nil
 		}
@@ -95,6 +95,26 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 	return nil
 }
 
+// webhookError is a round trip that the conversion webhook did not let
+// happen (unreachable from here, down, or failing for every object): the
+// fields are unchecked, which preflight says and prepare refuses to act on.
+type webhookError struct{ err error }
+
+func (e *webhookError) Error() string { return e.err.Error() }
+func (e *webhookError) Unwrap() error { return e.err }
+
+// unchecked records on v a round trip the webhook did not let happen, as
+// v.Unchecked and a warning, and returns nil; any other error is returned.
+func unchecked(v *Verdict, err error) error {
+	var we *webhookError
+	if !errors.As(err, &we) {
+		return err
+	}
+	v.Unchecked = we.Error()
+	v.Warnings = append(v.Warnings, "not checked from here: "+we.Error()+"; prepare makes the round trip before it changes anything, and stops if it cannot")
+	return nil
+}
+
 // webhookCheck proves, for a CRD whose conversion is a webhook and whose
 // live storage version the manifest keeps, that migrating its objects
 // there loses no field: a round trip from each other version objects may
@@ -102,19 +122,19 @@ func (c *clients) fieldCheck(ctx context.Context, crd, manifest *apiextensionsv1
 // interrupted, or that the release made). A field lost makes v blocked; an
 // object the webhook refuses does not, since the migration cannot move it
 // either and names it, pruning nothing.
-func (c *clients) webhookCheck(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, v *preflight.Verdict) error {
-	live := preflight.LiveOf(crd)
+func (p *Preparer) webhookCheck(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, v *Verdict) error {
+	live := LiveOf(crd)
 	stored := slices.DeleteFunc(storedAt(crd), func(s string) bool { return s == live.Storage })
 	if _, ok := unserved(live, stored); ok {
 		// Not readable: the migration's own reads convert them.
 		return nil
 	}
-	trip, err := c.roundTrip(ctx, crd, stored, live.Storage)
+	trip, err := p.roundTrip(ctx, crd, stored, live.Storage)
 	if err != nil {
 		return unchecked(v, err)
 	}
 	if len(trip.lost) > 0 {
-		v.State = preflight.Blocked
+		v.State = Blocked
 		v.Reason = fmt.Sprintf("its conversion webhook would lose fields of %s migrated to %s, the storage version: %s. Nothing was changed. Fix the webhook, or move those fields out of the objects, first",
 			objectCount(len(trip.lost)), live.Storage, nameLosses(trip.lost))
 	}
@@ -124,12 +144,12 @@ func (c *clients) webhookCheck(ctx context.Context, crd *apiextensionsv1.CustomR
 // storedAt lists the versions crd's objects may be stored at:
 // status.storedVersions and the storage version.
 func storedAt(crd *apiextensionsv1.CustomResourceDefinition) []string {
-	live := preflight.LiveOf(crd)
+	live := LiveOf(crd)
 	return appendNew(slices.Clone(live.StoredVersions), live.Storage)
 }
 
 // unserved is the first of versions that live does not serve, if any.
-func unserved(live preflight.Live, versions []string) (string, bool) {
+func unserved(live Live, versions []string) (string, bool) {
 	for _, version := range versions {
 		if !slices.Contains(live.Served, version) {
 			return version, true
@@ -170,10 +190,10 @@ func nameLosses(losses map[client.ObjectKey][]string) string {
 // validation, which names fields the bridge's schema does not declare and
 // refuses objects it would not accept. It returns, by object, the fields
 // lost or refused.
-func (c *clients) readLosses(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, versions []string, bridge string) (map[client.ObjectKey][]string, error) {
-	storage := preflight.LiveOf(crd).Storage
+func (p *Preparer) readLosses(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, versions []string, bridge string) (map[client.ObjectKey][]string, error) {
+	storage := LiveOf(crd).Storage
 	at := func(version string) (map[client.ObjectKey]*unstructured.Unstructured, error) {
-		return c.listAll(ctx, schema.GroupVersionKind{Group: crd.Spec.Group, Version: version, Kind: crd.Spec.Names.Kind})
+		return p.listAll(ctx, schema.GroupVersionKind{Group: crd.Spec.Group, Version: version, Kind: crd.Spec.Names.Kind})
 	}
 	bridged, err := at(bridge)
 	if err != nil {
@@ -200,18 +220,18 @@ func (c *clients) readLosses(ctx context.Context, crd *apiextensionsv1.CustomRes
 				// compared as any other.
 				b = &unstructured.Unstructured{}
 				b.SetGroupVersionKind(schema.GroupVersionKind{Group: crd.Spec.Group, Version: bridge, Kind: crd.Spec.Names.Kind})
-				if err := c.client.Get(ctx, key, b); apierrors.IsNotFound(err) {
+				if err := p.Client.Get(ctx, key, b); apierrors.IsNotFound(err) {
 					continue
 				} else if err != nil {
 					return nil, fmt.Errorf("reading %s at %s: %w", key, bridge, err)
 				}
 			}
-			if missing := preflight.Missing(preflight.FieldPaths(o.Object), preflight.FieldPaths(b.Object)); len(missing) > 0 {
+			if missing := Missing(FieldPaths(o.Object), FieldPaths(b.Object)); len(missing) > 0 {
 				losses[key] = appendNew(losses[key], missing...)
 			}
 		}
 	}
-	refused, err := c.strictDryRuns(ctx, atStorage, bridge, true)
+	refused, err := p.strictDryRuns(ctx, atStorage, bridge, true)
 	if err != nil {
 		return nil, err
 	}
@@ -232,12 +252,12 @@ func appendNew(list []string, more ...string) []string {
 }
 
 // listAll lists every object of gvk, in pages.
-func (c *clients) listAll(ctx context.Context, gvk schema.GroupVersionKind) (map[client.ObjectKey]*unstructured.Unstructured, error) {
+func (p *Preparer) listAll(ctx context.Context, gvk schema.GroupVersionKind) (map[client.ObjectKey]*unstructured.Unstructured, error) {
 	out := map[client.ObjectKey]*unstructured.Unstructured{}
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(gvk)
 	for {
-		if err := c.client.List(ctx, list, client.Limit(500), client.Continue(list.GetContinue())); err != nil {
+		if err := p.Client.List(ctx, list, client.Limit(500), client.Continue(list.GetContinue())); err != nil {
 			return nil, fmt.Errorf("listing %s: %w", gvk, err)
 		}
 		for i := range list.Items {
@@ -256,14 +276,14 @@ func (c *clients) listAll(ctx context.Context, gvk schema.GroupVersionKind) (map
 // object written since it was read is read again and sent as it is now
 // (refetch), or named as changed during the check (objs are not what the
 // API server returns, such as a webhook's output).
-func (c *clients) strictDryRuns(ctx context.Context, objs map[client.ObjectKey]*unstructured.Unstructured, version string, refetch bool) (map[client.ObjectKey][]string, error) {
+func (p *Preparer) strictDryRuns(ctx context.Context, objs map[client.ObjectKey]*unstructured.Unstructured, version string, refetch bool) (map[client.ObjectKey][]string, error) {
 	var mu sync.Mutex
 	refused := map[client.ObjectKey][]string{}
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	for key, o := range objs {
 		g.Go(func() error {
-			fields, err := c.strictDryRun(ctx, o, version, refetch)
+			fields, err := p.strictDryRun(ctx, o, version, refetch)
 			if err != nil || len(fields) == 0 {
 				return err
 			}
@@ -276,20 +296,20 @@ func (c *clients) strictDryRuns(ctx context.Context, objs map[client.ObjectKey]*
 	return refused, g.Wait()
 }
 
-func (c *clients) strictDryRun(ctx context.Context, stored *unstructured.Unstructured, version string, refetch bool) ([]string, error) {
+func (p *Preparer) strictDryRun(ctx context.Context, stored *unstructured.Unstructured, version string, refetch bool) ([]string, error) {
 	obj := stored.DeepCopy()
 	gvk := obj.GroupVersionKind()
 	gvk.Version = version
 	obj.SetGroupVersionKind(gvk)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		err := c.client.Update(ctx, obj.DeepCopy(), client.DryRunAll, client.FieldValidation(metav1.FieldValidationStrict))
+		err := p.Client.Update(ctx, obj.DeepCopy(), client.DryRunAll, client.FieldValidation(metav1.FieldValidationStrict))
 		if apierrors.IsConflict(err) && !refetch {
 			return errChangedMeanwhile
 		}
 		if apierrors.IsConflict(err) {
 			// Written meanwhile: check what is there now.
 			fresh := stored.DeepCopy()
-			if gerr := c.client.Get(ctx, client.ObjectKeyFromObject(stored), fresh); gerr != nil {
+			if gerr := p.Client.Get(ctx, client.ObjectKeyFromObject(stored), fresh); gerr != nil {
 				return gerr
 			}
 			obj = fresh
@@ -342,74 +362,4 @@ func refusedFields(err error) []string {
 		out = append(out, "refused ("+string(apierrors.ReasonForError(err))+")")
 	}
 	return out
-}
-
-// switchStorage makes version the storage version of the live CRD, as the
-// field manager that owns spec.versions, so that the user's next apply (a
-// server-side apply by Helm 4 or kubectl, or a client-side one) meets no
-// conflict: an Apply owner's fields are applied again as they are, with
-// the storage flags moved; an Update owner's write is an update under its
-// name. It returns the manager it wrote as.
-func (c *clients) switchStorage(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, version string) (string, error) {
-	owner, op := versionsOwner(crd)
-	if op == metav1.ManagedFieldsOperationApply {
-		ac, err := apiextensionsac.ExtractCustomResourceDefinition(crd, owner)
-		if err != nil {
-			return "", fmt.Errorf("reading what %s applied to CRD %s: %w", owner, crd.Name, err)
-		}
-		if ac.Spec == nil || len(ac.Spec.Versions) == 0 {
-			return "", fmt.Errorf("field manager %s owns spec.versions of CRD %s but applied none", owner, crd.Name)
-		}
-		for i := range ac.Spec.Versions {
-			ac.Spec.Versions[i].Storage = ptr.To(ptr.Deref(ac.Spec.Versions[i].Name, "") == version)
-		}
-		// Only onto the CRD that was checked: a conflict if it changed.
-		ac.WithResourceVersion(crd.ResourceVersion)
-		// The name is the field manager's own: no conflict with itself.
-		if err := c.client.Apply(ctx, ac, client.FieldOwner(owner), client.ForceOwnership); err != nil {
-			return "", fmt.Errorf("making %s the storage version of CRD %s as field manager %s: %w%s", version, crd.Name, owner, err, grantSpecWrite(err, crd.Name))
-		}
-		return owner, nil
-	}
-	updated := crd.DeepCopy()
-	for i := range updated.Spec.Versions {
-		updated.Spec.Versions[i].Storage = updated.Spec.Versions[i].Name == version
-	}
-	if err := c.client.Update(ctx, updated, client.FieldOwner(owner)); err != nil {
-		return "", fmt.Errorf("making %s the storage version of CRD %s: %w%s", version, crd.Name, err, grantSpecWrite(err, crd.Name))
-	}
-	return owner, nil
-}
-
-// versionsOwner is the field manager that owns spec.versions of crd (the
-// latest, if several do) and how it wrote it; kubectl-restow with Update
-// when none does.
-func versionsOwner(crd *apiextensionsv1.CustomResourceDefinition) (string, metav1.ManagedFieldsOperationType) {
-	path := fieldpath.MakePathOrDie("spec", "versions")
-	owner, op := "kubectl-restow", metav1.ManagedFieldsOperationUpdate
-	var latest *metav1.Time
-	for _, e := range crd.ManagedFields {
-		if e.Subresource != "" || e.FieldsV1 == nil {
-			continue
-		}
-		set := &fieldpath.Set{}
-		if err := set.FromJSON(e.FieldsV1.GetRawReader()); err != nil || !set.Has(path) {
-			continue
-		}
-		if latest == nil || (e.Time != nil && latest.Before(e.Time)) {
-			owner, op, latest = e.Manager, e.Operation, e.Time
-			if latest == nil {
-				latest = &metav1.Time{}
-			}
-		}
-	}
-	return owner, op
-}
-
-// grantSpecWrite says what a refused storage switch needs.
-func grantSpecWrite(err error, name string) string {
-	if !apierrors.IsForbidden(err) {
-		return ""
-	}
-	return fmt.Sprintf(". Bridging a skipped release or a downgrade writes the CRD's spec: grant update and patch on customresourcedefinitions, resourceNames [%s], to this identity (nothing was changed)", name)
 }

@@ -1,4 +1,4 @@
-package cli
+package preflight
 
 import (
 	"context"
@@ -16,9 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/util/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/restow/restow/internal/preflight"
 )
+
+// The round trip through a CRD's conversion webhook, with the API server's
+// own conversion code: the check where field names may differ between
+// versions, so that reads cannot compare them.
 
 const (
 	// roundTripBatch is how many objects one ConversionReview carries.
@@ -32,26 +34,6 @@ const (
 // viaWebhook says whether crd's conversion is a webhook.
 func viaWebhook(crd *apiextensionsv1.CustomResourceDefinition) bool {
 	return crd.Spec.Conversion != nil && crd.Spec.Conversion.Strategy == apiextensionsv1.WebhookConverter
-}
-
-// webhookError is a round trip that the conversion webhook did not let
-// happen (unreachable from here, down, or failing for every object): the
-// fields are unchecked, which preflight says and prepare refuses to act on.
-type webhookError struct{ err error }
-
-func (e *webhookError) Error() string { return e.err.Error() }
-func (e *webhookError) Unwrap() error { return e.err }
-
-// unchecked records on v a round trip the webhook did not let happen, as
-// v.Unchecked and a warning, and returns nil; any other error is returned.
-func unchecked(v *preflight.Verdict, err error) error {
-	var we *webhookError
-	if !errors.As(err, &we) {
-		return err
-	}
-	v.Unchecked = we.Error()
-	v.Warnings = append(v.Warnings, "not checked from here: "+we.Error()+"; prepare makes the round trip before it changes anything, and stops if it cannot")
-	return nil
 }
 
 // tripResult is what a round trip found, by object: fields lost (or
@@ -84,7 +66,7 @@ func (r tripResult) all() map[client.ObjectKey][]string {
 // object written meanwhile counts as lost, since what was checked is not
 // what is stored. A webhook that converts none of them is an error, never
 // a pass.
-func (c *clients) roundTrip(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, stored []string, to string) (tripResult, error) {
+func (p *Preparer) roundTrip(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, stored []string, to string) (tripResult, error) {
 	trip := tripResult{lost: map[client.ObjectKey][]string{}, refused: map[client.ObjectKey][]string{}}
 	factory, err := conversion.NewCRConverterFactory(webhook.NewDefaultServiceResolver(), nil)
 	if err != nil {
@@ -101,7 +83,7 @@ func (c *clients) roundTrip(ctx context.Context, crd *apiextensionsv1.CustomReso
 		if version == to {
 			continue
 		}
-		objs, err := c.listAll(ctx, gv(version).WithKind(crd.Spec.Names.Kind))
+		objs, err := p.listAll(ctx, gv(version).WithKind(crd.Spec.Names.Kind))
 		if err != nil {
 			return trip, err
 		}
@@ -109,7 +91,7 @@ func (c *clients) roundTrip(ctx context.Context, crd *apiextensionsv1.CustomReso
 		if err != nil {
 			return trip, &webhookError{fmt.Errorf("the conversion webhook of CRD %s: %w, so restow cannot prove a round trip through %s keeps the objects' fields (a webhook behind a Service is reached at <name>.<namespace>.svc: run this inside the cluster, as the prepare Job does)", crd.Name, err, to)}
 		}
-		refused, err := c.strictDryRuns(ctx, converted, to, false)
+		refused, err := p.strictDryRuns(ctx, converted, to, false)
 		if err != nil {
 			return trip, err
 		}
@@ -156,7 +138,7 @@ func tripAll(ctx context.Context, convertor runtime.ObjectConvertor, objs map[cl
 				continue
 			}
 			converted[k] = outs[i]
-			if lost := preflight.Changed(items[i].Object, backs[i].Object); len(lost) > 0 {
+			if lost := Changed(items[i].Object, backs[i].Object); len(lost) > 0 {
 				trip.lost[k] = appendNew(trip.lost[k], lost...)
 			}
 		}

@@ -9,31 +9,9 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 )
 
-// Bridge chooses the version that carries the objects across a manifest
-// that drops the live storage version (a skipped release, a downgrade):
-// one the live CRD serves (discovery shows no hash for an unserved
-// version, and the proof for several API servers needs it) and the
-// manifest lists. It prefers the manifest's storage version, then the
-// versions the manifest serves, in its order, then those it lists with
-// served: false; for the last, unserved says so (the new release's
-// conversion must still read it). ok is false when there is none.
-func Bridge(m Manifest, live Live) (version string, unserved bool, ok bool) {
-	servedLive := func(v string) bool { return slices.Contains(live.Served, v) }
-	if m.Storage != "" && servedLive(m.Storage) {
-		return m.Storage, false, true
-	}
-	for _, v := range m.Versions {
-		if servedLive(v) && (m.Served == nil || slices.Contains(m.Served, v)) {
-			return v, false, true
-		}
-	}
-	for _, v := range m.Versions {
-		if servedLive(v) {
-			return v, true, true
-		}
-	}
-	return "", false, false
-}
+// Fields compared, pure: what one schema allows and another does not
+// (LostFields, SchemaLoss), and what one object has and another lacks
+// (FieldPaths, Missing, Changed).
 
 // LostFields lists the fields the schema from allows and the schema to
 // does not: an object at from that sets one loses it when the API server
