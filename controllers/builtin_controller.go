@@ -113,17 +113,7 @@ var DefaultBuiltInExclude = []string{"events", "events.events.k8s.io"}
 // and server), and wakes every StorageMigration that recorded a hash when
 // it cannot read every server. One that nothing moved costs no request.
 func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	// Background work: it waits while a migration is under way, for at
-	// most backgroundDeferMax.
-	if !r.warm.Swap(true) {
-		warm, cancel := context.WithTimeout(ctx, backgroundDeferMax)
-		r.warmUp(warm)
-		cancel()
-	}
-	idle, cancel := context.WithTimeout(ctx, backgroundDeferMax)
-	_ = r.Idle(idle)
-	cancel()
-	if err := ctx.Err(); err != nil {
+	if err := r.backgroundTurn(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
 	found, groupVersions, complete, err := r.discover(ctx)
@@ -143,12 +133,7 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 	if err := r.Client.List(ctx, &all); err != nil {
 		return ctrl.Result{}, err
 	}
-	covered := map[schema.GroupResource][]*migrationv1alpha1.StorageMigration{}
-	for i := range all.Items {
-		sm := &all.Items[i]
-		gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
-		covered[gr] = append(covered[gr], sm)
-	}
+	covered := byResource(all.Items)
 	log := ctrl.LoggerFrom(ctx)
 	for _, res := range found {
 		if res.skip != "" {
@@ -176,6 +161,32 @@ func (r *BuiltInMigrationReconciler) Reconcile(ctx context.Context, req ctrl.Req
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.Interval}, nil
+}
+
+// backgroundTurn waits while a migration is under way, for at most
+// backgroundDeferMax (warming up first, once): discovery's sweep is
+// background work. It returns ctx's error once ctx has ended.
+func (r *BuiltInMigrationReconciler) backgroundTurn(ctx context.Context) error {
+	if !r.warm.Swap(true) {
+		warm, cancel := context.WithTimeout(ctx, backgroundDeferMax)
+		r.warmUp(warm)
+		cancel()
+	}
+	idle, cancel := context.WithTimeout(ctx, backgroundDeferMax)
+	_ = r.Idle(idle)
+	cancel()
+	return ctx.Err()
+}
+
+// byResource groups StorageMigrations by the resource they cover.
+func byResource(items []migrationv1alpha1.StorageMigration) map[schema.GroupResource][]*migrationv1alpha1.StorageMigration {
+	covered := map[schema.GroupResource][]*migrationv1alpha1.StorageMigration{}
+	for i := range items {
+		sm := &items[i]
+		gr := schema.GroupResource{Group: sm.Spec.Resource.Group, Resource: sm.Spec.Resource.Resource}
+		covered[gr] = append(covered[gr], sm)
+	}
+	return covered
 }
 
 // sayUnknownReEncrypted logs the resources --reencrypt-resources names
