@@ -55,7 +55,7 @@ var preflightLong = fmt.Sprintf(`preflight reads CRD manifests (files, directori
 input: the output of helm template --include-crds or kustomize build; other
 documents are left out) and holds each CRD against the live one. The API
 server refuses a CRD that drops a version status.storedVersions still lists
-("missing from spec.versions" on Kubernetes 1.37, "must appear in
+("missing from spec.versions" since Kubernetes 1.33, "must appear in
 spec.versions" before). For each CRD it says, on one line:
 
   ok             the apply keeps every stored version

@@ -1,7 +1,7 @@
 // Package preflight owns a CRD upgrade that the API server would refuse:
 // a manifest that drops a version the live CRD's status.storedVersions
-// still lists is refused ("missing from spec.versions" on Kubernetes 1.37,
-// "must appear in spec.versions" before), however the apply is made
+// still lists is refused ("missing from spec.versions" since Kubernetes
+// 1.33, "must appear in spec.versions" before), however the apply is made
 // (kubectl, Helm, Argo CD, Flux). Check says, writing nothing, what the
 // apply needs (kubectl restow preflight); Prepare does it (kubectl restow
 // prepare). The command line parses flags, calls them and prints.
