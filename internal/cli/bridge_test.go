@@ -140,6 +140,9 @@ func writeManifest(t *testing.T, dir string, crd *apiextensionsv1.CustomResource
 //	(b) a downgrade after a storage switch, no field only the newer has;
 //	(c) a downgrade where v1 has spec.extra, set on 10 objects: blocked,
 //	    naming the field, CRD and etcd as before;
+//	(d) a downgrade whose older schema makes v1's map of labels fixed
+//	    properties, no object setting another key: blocked by the
+//	    schemas' comparison alone, CRD and etcd as before;
 //	(e) the storage version flipped back by another client during prepare:
 //	    nothing pruned, a message that says who and what to do.
 func TestBridgeReleases(t *testing.T) {
@@ -263,6 +266,67 @@ func TestBridgeReleases(t *testing.T) {
 			}
 		}
 		assertLeftAsItIs(t, fx, release, before, "v1")
+	})
+
+	t.Run("d: a downgrade whose older schema turns a map into fixed properties", func(t *testing.T) {
+		// No object sets a key the older schema lacks: the objects' reads
+		// and dry runs lose nothing, and only the schemas' comparison sees
+		// that one written with another key before the migration ends, or
+		// read after the rollback, would lose it.
+		ctx := t.Context()
+		const objects = 20
+		group := "d.bridge.restow.dev"
+		fx := testenv.Fixture{Env: env, Group: group, Kind: "Gadget", Plural: "gadgets", Namespaced: true}
+		labels := func(open bool) *apiextensionsv1.JSONSchemaProps {
+			str := apiextensionsv1.JSONSchemaProps{Type: "string"}
+			l := apiextensionsv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{"team": str}}
+			if open {
+				l = apiextensionsv1.JSONSchemaProps{Type: "object", AdditionalProperties: &apiextensionsv1.JSONSchemaPropsOrBool{Allows: true, Schema: &str}}
+			}
+			spec := apiextensionsv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{"labels": l}}
+			return &apiextensionsv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{"spec": spec}}
+		}
+		release := func(versions ...string) *apiextensionsv1.CustomResourceDefinition {
+			vs := make([]testenv.CRDVersion, 0, len(versions))
+			for i, v := range versions {
+				vs = append(vs, testenv.CRDVersion{Name: v, Served: true, Storage: i == len(versions)-1, Schema: labels(v == "v1")})
+			}
+			crd := testenv.NewCRD(group, "Gadget", "gadgets", apiextensionsv1.NamespaceScoped, vs...)
+			crd.APIVersion, crd.Kind = apiextensionsv1.SchemeGroupVersion.String(), "CustomResourceDefinition"
+			return crd
+		}
+		if err := applyAsHelm(ctx, release("v1beta1")); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.DeleteCRD(context.Background(), fx.CRDName()) })
+		if err := env.WaitForCRD(ctx, fx.CRDName()); err != nil {
+			t.Fatal(err)
+		}
+		fx.CreateObjects(t, "v1beta1", objects, func(int) map[string]any {
+			return map[string]any{"labels": map[string]any{"team": "storage"}}
+		}, "d-bridge")
+		if err := applyAsHelm(ctx, release("v1beta1", "v1")); err != nil {
+			t.Fatal(err)
+		}
+		fx.SwitchStorage(t, "v1")
+		if _, _, code := restow(t, "run", fx.CRDName(), "--settle-window", "1s"); code != 0 {
+			t.Fatalf("run exited %d", code)
+		}
+		rollback := writeManifest(t, dir, release("v1beta1"))
+		before := crdVersion(t, fx.CRDName())
+		out, _, code := restow(t, "preflight", "-f", rollback)
+		if code != cli.ExitBlocked || !strings.Contains(out, "no object sets a field v1beta1 lacks now, but the schemas allow fields it does not (v1: spec.labels{})") {
+			t.Errorf("preflight exited %d, want %d and the map named:\n%s", code, cli.ExitBlocked, out)
+		}
+		out, _, code = restow(t, "prepare", "-f", rollback, "--in-process")
+		if code != cli.ExitBlocked || !strings.Contains(out, fx.CRDName()+": blocked, left as it is") {
+			t.Errorf("prepare exited %d, want %d and left as it is:\n%s", code, cli.ExitBlocked, out)
+		}
+		if after := crdVersion(t, fx.CRDName()); after != before {
+			t.Errorf("the CRD's resourceVersion moved from %s to %s: prepare wrote it", before, after)
+		}
+		fx.AssertAllStoredAt(t, "v1", objects)
+		fx.AssertStoredVersions(t, "v1")
 	})
 
 	t.Run("e: the storage version flipped back during prepare", func(t *testing.T) {

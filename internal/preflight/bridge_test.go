@@ -115,3 +115,76 @@ func TestChanged(t *testing.T) {
 		t.Errorf("Changed = %v, want %v", got, want)
 	}
 }
+
+// TestLostFieldsNarrowings: every way a schema can narrow what an object
+// holds, each where no property is removed, so that only a comparison of
+// what the schemas allow sees it.
+func TestLostFieldsNarrowings(t *testing.T) {
+	str := apiextensionsv1.JSONSchemaProps{Type: "string"}
+	obj := func(props map[string]apiextensionsv1.JSONSchemaProps) apiextensionsv1.JSONSchemaProps {
+		return apiextensionsv1.JSONSchemaProps{Type: "object", Properties: props}
+	}
+	mapOf := func(v apiextensionsv1.JSONSchemaProps) apiextensionsv1.JSONSchemaProps {
+		return apiextensionsv1.JSONSchemaProps{Type: "object", AdditionalProperties: &apiextensionsv1.JSONSchemaPropsOrBool{Allows: true, Schema: &v}}
+	}
+	open := func(props map[string]apiextensionsv1.JSONSchemaProps) apiextensionsv1.JSONSchemaProps {
+		s := obj(props)
+		s.XPreserveUnknownFields = ptr.To(true)
+		return s
+	}
+	list := func(item apiextensionsv1.JSONSchemaProps) apiextensionsv1.JSONSchemaProps {
+		return apiextensionsv1.JSONSchemaProps{Type: "array", Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &item}}
+	}
+	spec := func(props map[string]apiextensionsv1.JSONSchemaProps) *apiextensionsv1.JSONSchemaProps {
+		root := obj(map[string]apiextensionsv1.JSONSchemaProps{"spec": obj(props)})
+		return &root
+	}
+	embedded := obj(map[string]apiextensionsv1.JSONSchemaProps{"replicas": {Type: "integer"}})
+	embedded.XEmbeddedResource = true
+	for _, tc := range []struct {
+		name     string
+		from, to *apiextensionsv1.JSONSchemaProps
+		want     []string
+	}{
+		{"a map becomes fixed properties",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"labels": mapOf(str)}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"labels": obj(map[string]apiextensionsv1.JSONSchemaProps{"team": str})}),
+			[]string{"spec.labels{}"}},
+		{"a map's values narrow",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"ports": mapOf(obj(map[string]apiextensionsv1.JSONSchemaProps{"port": str, "host": str}))}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"ports": mapOf(obj(map[string]apiextensionsv1.JSONSchemaProps{"port": str}))}),
+			[]string{"spec.ports{}.host"}},
+		{"unknown fields preserved deep in a list, then not",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"rules": list(obj(map[string]apiextensionsv1.JSONSchemaProps{"match": open(map[string]apiextensionsv1.JSONSchemaProps{"path": str})}))}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"rules": list(obj(map[string]apiextensionsv1.JSONSchemaProps{"match": obj(map[string]apiextensionsv1.JSONSchemaProps{"path": str})}))}),
+			[]string{"spec.rules[].match.*"}},
+		{"a list's items narrow",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"items": list(obj(map[string]apiextensionsv1.JSONSchemaProps{"name": str, "weight": {Type: "integer"}}))}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"items": list(obj(map[string]apiextensionsv1.JSONSchemaProps{"name": str}))}),
+			[]string{"spec.items[].weight"}},
+		{"an embedded resource becomes a plain object",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"template": embedded}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"template": obj(map[string]apiextensionsv1.JSONSchemaProps{"replicas": {Type: "integer"}})}),
+			[]string{"spec.template.apiVersion", "spec.template.kind", "spec.template.metadata"}},
+		{"int-or-string becomes an integer",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"port": {XIntOrString: true}}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"port": {Type: "integer"}}),
+			[]string{"spec.port (int-or-string to integer)"}},
+		{"a number becomes an integer",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"ratio": {Type: "number"}}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"ratio": {Type: "integer"}}),
+			[]string{"spec.ratio (number to integer)"}},
+		{"widening loses nothing",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"n": {Type: "integer"}, "labels": obj(map[string]apiextensionsv1.JSONSchemaProps{"team": str}), "port": {Type: "integer"}}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"n": {Type: "number"}, "labels": mapOf(str), "port": {XIntOrString: true}}),
+			nil},
+		{"a map kept a map",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"labels": mapOf(str)}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"labels": mapOf(str)}),
+			nil},
+	} {
+		if got := LostFields(tc.from, tc.to); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: LostFields = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -1,73 +1,177 @@
 package preflight
 
 import (
+	"fmt"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 
+	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	structuralschema "k8s.io/apiextensions-apiserver/pkg/apiserver/schema"
+	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning"
 )
 
 // Fields compared, pure: what one schema allows and another does not
 // (LostFields, SchemaLoss), and what one object has and another lacks
 // (FieldPaths, Missing, Changed).
 
-// LostFields lists the fields the schema from allows and the schema to
-// does not: an object at from that sets one loses it when the API server
-// decodes it at to without conversion (pruning). A field under
-// x-kubernetes-preserve-unknown-fields in to is kept; under it in from
-// alone, any field beyond to's is lost (path.*). Paths
-// are dotted, with [] for an array's items and {} for a map's values;
-// apiVersion, kind and metadata are the API server's and left out.
+// LostFields lists what an object valid at the schema from may hold that
+// the schema to does not keep: the fields the API server prunes when it
+// decodes the object at to without conversion, and the values to's types
+// refuse. The API server's own pruning is the oracle: a sample object that
+// sets every field from allows (each property, a key of each map, an item
+// of each array, an unknown field wherever from preserves them, the
+// apiVersion, kind and metadata of each embedded resource) is pruned with
+// to's structural schema, and whatever goes is lost. Paths are dotted,
+// with [] for an array's items, {} for a map's values and * for a field
+// from preserves unknown; the root's apiVersion, kind and metadata are the
+// API server's and left out. A type from allows and to does not (an
+// int-or-string that becomes an integer) is named as path (from to to). A
+// schema that is not structural is named as such: nothing about it is
+// known.
 func LostFields(from, to *apiextensionsv1.JSONSchemaProps) []string {
-	var lost []string
-	var walk func(path string, f, t *apiextensionsv1.JSONSchemaProps)
-	walk = func(path string, f, t *apiextensionsv1.JSONSchemaProps) {
-		if f == nil || t == nil || preserves(t) {
-			return
+	if from == nil || to == nil {
+		return nil
+	}
+	structural, err := structuralOf(to)
+	if err != nil {
+		return []string{"(the schema is not structural, so what it prunes is unknown: " + err.Error() + ")"}
+	}
+	sample, _ := sampleOf(from, false).(map[string]any)
+	for _, meta := range []string{"apiVersion", "kind", "metadata"} {
+		delete(sample, meta)
+	}
+	pruned := pruning.PruneWithOptions(sample, structural, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: true})
+	lost := make([]string, 0, len(pruned))
+	for _, path := range pruned {
+		lost = append(lost, notation(path))
+	}
+	lost = append(lost, narrowed("", from, to)...)
+	slices.Sort(lost)
+	return slices.Compact(lost)
+}
+
+// The keys a sample object sets where from allows any: a map's key, and a
+// field of an object that preserves unknown fields. No schema declares
+// them as properties, so to keeps them only where it allows any too.
+const (
+	sampleMapKey     = "{}"
+	sampleUnknownKey = "*"
+)
+
+// sampleOf is a value that sets every field s allows, at any depth (see
+// LostFields); embedded says s is an embedded resource's.
+func sampleOf(s *apiextensionsv1.JSONSchemaProps, embedded bool) any {
+	switch {
+	case s == nil:
+		return "x"
+	case s.Type == "array" || (s.Items != nil && s.Items.Schema != nil):
+		if s.Items == nil || s.Items.Schema == nil {
+			return []any{"x"}
 		}
-		if preserves(f) {
-			// from keeps any field here and to does not: whatever an
-			// object holds beyond to's properties is lost.
-			lost = append(lost, join(path, "*"))
+		return []any{sampleOf(s.Items.Schema, false)}
+	case s.Type != "object" && len(s.Properties) == 0 && s.AdditionalProperties == nil && !preserves(s) && !embedded && !embeds(s):
+		return "x"
+	}
+	out := map[string]any{}
+	for name, p := range s.Properties {
+		out[name] = sampleOf(&p, embeds(&p))
+	}
+	if s.AdditionalProperties != nil && (s.AdditionalProperties.Schema != nil || s.AdditionalProperties.Allows) {
+		out[sampleMapKey] = sampleOf(s.AdditionalProperties.Schema, false)
+	}
+	if preserves(s) {
+		out[sampleUnknownKey] = "x"
+	}
+	if embedded || embeds(s) {
+		out["apiVersion"], out["kind"] = "example.com/v1", "Sample"
+		out["metadata"] = map[string]any{"name": "sample"}
+	}
+	return out
+}
+
+func embeds(s *apiextensionsv1.JSONSchemaProps) bool { return s != nil && s.XEmbeddedResource }
+
+// notation writes a path the pruning reports (spec.m.{}.x, spec.l[0].y)
+// in LostFields' notation (spec.m{}.x, spec.l[].y).
+func notation(path string) string {
+	path = strings.ReplaceAll(path, "."+sampleMapKey, sampleMapKey)
+	return strings.ReplaceAll(path, "[0]", "[]")
+}
+
+// structuralOf is s as the API server prunes with it.
+func structuralOf(s *apiextensionsv1.JSONSchemaProps) (*structuralschema.Structural, error) {
+	internal := &apiextensions.JSONSchemaProps{}
+	if err := apiextensionsv1.Convert_v1_JSONSchemaProps_To_apiextensions_JSONSchemaProps(s, internal, nil); err != nil {
+		return nil, err
+	}
+	return structuralschema.NewStructural(internal)
+}
+
+// narrowed names, at path and below, the values from takes and to
+// refuses: a type of from's that to's type does not take.
+func narrowed(path string, from, to *apiextensionsv1.JSONSchemaProps) []string {
+	if from == nil || to == nil {
+		return nil
+	}
+	var out []string
+	if f, t := typesOf(from), typesOf(to); !takes(t, f) {
+		out = append(out, fmt.Sprintf("%s (%s to %s)", path, typeName(from), typeName(to)))
+	}
+	for name, fp := range from.Properties {
+		if path == "" && (name == "apiVersion" || name == "kind" || name == "metadata") {
+			continue
 		}
-		names := make([]string, 0, len(f.Properties))
-		for name := range f.Properties {
-			names = append(names, name)
-		}
-		sort.Strings(names)
-		for _, name := range names {
-			if path == "" && (name == "apiVersion" || name == "kind" || name == "metadata") {
-				continue
-			}
-			child := join(path, name)
-			fp := f.Properties[name]
-			tp, ok := t.Properties[name]
-			switch {
-			case ok:
-				walk(child, &fp, &tp)
-			case t.AdditionalProperties != nil && t.AdditionalProperties.Schema != nil:
-				walk(child, &fp, t.AdditionalProperties.Schema)
-			case t.AdditionalProperties != nil && t.AdditionalProperties.Allows:
-			default:
-				lost = append(lost, child)
-			}
-		}
-		if f.Items != nil && f.Items.Schema != nil && t.Items != nil && t.Items.Schema != nil {
-			walk(path+"[]", f.Items.Schema, t.Items.Schema)
-		}
-		if f.AdditionalProperties != nil && f.AdditionalProperties.Schema != nil {
-			switch {
-			case t.AdditionalProperties != nil && t.AdditionalProperties.Schema != nil:
-				walk(path+"{}", f.AdditionalProperties.Schema, t.AdditionalProperties.Schema)
-			case t.AdditionalProperties == nil && len(t.Properties) == 0 && t.Type == "object":
-				lost = append(lost, path+"{}")
-			}
+		if tp, ok := to.Properties[name]; ok {
+			out = append(out, narrowed(join(path, name), &fp, &tp)...)
 		}
 	}
-	walk("", from, to)
-	return lost
+	if from.Items != nil && to.Items != nil {
+		out = append(out, narrowed(path+"[]", from.Items.Schema, to.Items.Schema)...)
+	}
+	if from.AdditionalProperties != nil && to.AdditionalProperties != nil {
+		out = append(out, narrowed(path+"{}", from.AdditionalProperties.Schema, to.AdditionalProperties.Schema)...)
+	}
+	return out
+}
+
+// typesOf is the JSON types s takes; nil for any.
+func typesOf(s *apiextensionsv1.JSONSchemaProps) []string {
+	switch {
+	case s.XIntOrString:
+		return []string{"integer", "string"}
+	case s.Type == "":
+		return nil
+	}
+	return []string{s.Type}
+}
+
+// takes says whether a value of every type in from is one of to's: any
+// takes all, and number takes integer.
+func takes(to, from []string) bool {
+	if to == nil {
+		return true
+	}
+	if from == nil {
+		return false
+	}
+	for _, f := range from {
+		if !slices.Contains(to, f) && (f != "integer" || !slices.Contains(to, "number")) {
+			return false
+		}
+	}
+	return true
+}
+
+func typeName(s *apiextensionsv1.JSONSchemaProps) string {
+	switch {
+	case s.XIntOrString:
+		return "int-or-string"
+	case s.Type == "":
+		return "any type"
+	}
+	return s.Type
 }
 
 func preserves(s *apiextensionsv1.JSONSchemaProps) bool {
