@@ -89,23 +89,9 @@ func requestMigration(ctx context.Context, c *clients, streams genericiooptions.
 	}
 	c.warnStandardActive(ctx, streams.ErrOut, gr)
 	token := time.Now().UTC().Format(time.RFC3339Nano)
-	var sm *migrationv1alpha1.StorageMigration
-	if len(existing) > 0 {
-		sm = &existing[0]
-		patch := client.RawPatch(client.Merge.Type(), fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, migrationv1alpha1.ReRunAnnotation, token))
-		if err := c.client.Patch(ctx, sm, patch); err != nil {
-			return fmt.Errorf("requesting a new pass of StorageMigration %s: %w", sm.Name, err)
-		}
-		fmt.Fprintf(streams.Out, "Requested a new pass of StorageMigration %s.\n", sm.Name)
-	} else {
-		sm = newStorageMigration(gr, token)
-		if err := c.client.Create(ctx, sm); err != nil {
-			if apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("a StorageMigration named %s exists for another resource: create one for %s by hand under another name", sm.Name, gr)
-			}
-			return fmt.Errorf("creating StorageMigration %s: %w", sm.Name, err)
-		}
-		fmt.Fprintf(streams.Out, "Created StorageMigration %s.\n", sm.Name)
+	sm, err := c.askForPass(ctx, streams, gr, existing, token)
+	if err != nil {
+		return err
 	}
 	if !opts.wait {
 		return nil
@@ -133,6 +119,40 @@ func requestMigration(ctx context.Context, c *clients, streams genericiooptions.
 	}
 	printPassSummary(streams, sm)
 	return nil
+}
+
+// askForPass asks the operator for a pass of gr, named by token: a new pass
+// of the StorageMigration that covers it, or a new StorageMigration. One
+// created meanwhile under the same name for the same resource (the
+// operator's own, made when the CRD's storage version switched) is asked
+// for a pass as if it had been listed.
+func (c *clients) askForPass(ctx context.Context, streams genericiooptions.IOStreams, gr schema.GroupResource, existing []migrationv1alpha1.StorageMigration, token string) (*migrationv1alpha1.StorageMigration, error) {
+	if len(existing) == 0 {
+		sm := newStorageMigration(gr, token)
+		err := c.client.Create(ctx, sm)
+		switch {
+		case err == nil:
+			fmt.Fprintf(streams.Out, "Created StorageMigration %s.\n", sm.Name)
+			return sm, nil
+		case !apierrors.IsAlreadyExists(err):
+			return nil, fmt.Errorf("creating StorageMigration %s: %w", sm.Name, err)
+		}
+		there := &migrationv1alpha1.StorageMigration{}
+		if err := c.client.Get(ctx, client.ObjectKey{Name: sm.Name}, there); err != nil {
+			return nil, fmt.Errorf("reading StorageMigration %s, created meanwhile: %w", sm.Name, err)
+		}
+		if there.Spec.Resource.Group != gr.Group || there.Spec.Resource.Resource != gr.Resource {
+			return nil, fmt.Errorf("a StorageMigration named %s exists for another resource: create one for %s by hand under another name", sm.Name, gr)
+		}
+		existing = []migrationv1alpha1.StorageMigration{*there}
+	}
+	sm := &existing[0]
+	patch := client.RawPatch(client.Merge.Type(), fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, migrationv1alpha1.ReRunAnnotation, token))
+	if err := c.client.Patch(ctx, sm, patch); err != nil {
+		return nil, fmt.Errorf("requesting a new pass of StorageMigration %s: %w", sm.Name, err)
+	}
+	fmt.Fprintf(streams.Out, "Requested a new pass of StorageMigration %s.\n", sm.Name)
+	return sm, nil
 }
 
 // waitForOperator waits until an operator answered the request: its status
