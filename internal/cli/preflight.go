@@ -72,10 +72,15 @@ spec.versions" before). For each CRD it says, on one line:
                  it for another reason
   new            the cluster has no such CRD
 
+A CRD that is ok but whose status.storedVersions would still list versions
+besides its storage version after the apply gets a warning: a later release
+that drops one is refused (kubectl restow prepare --ahead, or the operator,
+migrates it first).
+
 A server-side dry run of each CRD (dryRun=All) confirms the verdict. Given
 --etcd-endpoints (and verify's other etcd flags), it also reads etcd and says
 how many objects are stored at each version of a CRD whose manifest drops
-one; a read that does not hold every object the API lists exits %d.
+one, or that such a warning names; a read that does not hold every object the API lists exits %d.
 preflight writes nothing. It exits 0 when every CRD is ok or new, %d when
 one needs prepare, %d when one is blocked, 1 on an error.`, ExitUnaccounted, ExitPending, ExitBlocked)
 
@@ -165,7 +170,7 @@ func runPreflight(ctx context.Context, c *clients, w io.Writer, manifests []pref
 		if err != nil {
 			return err
 		}
-		if etcd.reader != nil && len(v.Drops) > 0 {
+		if etcd.reader != nil && (len(v.Drops) > 0 || len(v.Ahead) > 0) {
 			if v.Etcd, err = c.storedInEtcd(ctx, etcd, m.Name); err != nil {
 				return err
 			}

@@ -19,16 +19,13 @@ type prepareOptions struct {
 	// migrateOptions hold --timeout and --operator-timeout, as migrate's.
 	migrateOptions
 	dryRun       bool
+	ahead        bool
 	inProcess    bool
 	settleWindow time.Duration
 }
 
-func newPrepareCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
-	opts := prepareOptions{}
-	cmd := &cobra.Command{
-		Use:   "prepare -f FILE|DIR|- [-f ...] | --keep CRD=VERSION[,VERSION...]",
-		Short: "Migrate what a CRD upgrade needs migrated, so that the API server accepts it",
-		Long: fmt.Sprintf(`prepare judges the manifests as preflight does, and for every CRD that needs
+// prepareLong is the help of prepare.
+var prepareLong = fmt.Sprintf(`prepare judges the manifests as preflight does, and for every CRD that needs
 prepare (the manifest drops versions status.storedVersions lists) migrates
 every object to the live storage version and prunes status.storedVersions
 to it, with the same proof, settle window and rules for several API servers
@@ -42,14 +39,24 @@ Where restow's StorageMigration API is installed (the operator), prepare
 hands each migration to it (a StorageMigration, or a new pass of the one
 there is) and follows it, so that one resource never has two migrations at
 once; elsewhere, or with --in-process, it migrates in this process as
-kubectl restow run does. A CRD that is blocked is left as it is. A CRD that is blocked or whose
+kubectl restow run does. With --ahead it also migrates each CRD whose
+apply passes but keeps listing older versions in status.storedVersions
+(preflight warns of them), where the release keeps the live storage
+version. A CRD that is blocked is left as it is. A CRD that is blocked or whose
 migration fails does not stop the others.
 
 It exits 0 when every CRD then applies; otherwise with the weightiest
 outcome: 1 on an error, %d when no operator answered where its API is
 installed, %d when one is blocked, %d when a migration left objects it could
 not rewrite (named, and nothing pruned); %d on --timeout, which stops the
-rest.`, ExitNoOperator, ExitBlocked, ExitPending, ExitTimeout),
+rest.`, ExitNoOperator, ExitBlocked, ExitPending, ExitTimeout)
+
+func newPrepareCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
+	opts := prepareOptions{}
+	cmd := &cobra.Command{
+		Use:   "prepare -f FILE|DIR|- [-f ...] | --keep CRD=VERSION[,VERSION...]",
+		Short: "Migrate what a CRD upgrade needs migrated, so that the API server accepts it",
+		Long:  prepareLong,
 		Example: `  helm template my-release my-chart --include-crds | kubectl restow prepare -f -
   kubectl restow prepare -f config/crd/ -R --dry-run`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -77,6 +84,7 @@ rest.`, ExitNoOperator, ExitBlocked, ExitPending, ExitTimeout),
 	}
 	opts.add(cmd)
 	cmd.Flags().BoolVar(&opts.dryRun, "dry-run", false, "Say what prepare would migrate, and change nothing.")
+	cmd.Flags().BoolVar(&opts.ahead, "ahead", false, "Also migrate each CRD whose apply passes but keeps listing versions besides its storage version in status.storedVersions, so that a later release that drops them passes (off by default: the apply does not need it, and the restow operator does it by itself).")
 	cmd.Flags().BoolVar(&opts.inProcess, "in-process", false, "Migrate in this process even where restow's StorageMigration API is installed: make sure no restow operator runs.")
 	cmd.Flags().DurationVar(&opts.settleWindow, "settle-window", migrator.DefaultSettleWindow, "In this process: how long after the storage switch writes that began on the old storage may still commit, before the prune.")
 	cmd.Flags().DurationVar(&opts.timeout, "timeout", defaultWaitTimeout, "Give up after this long (0: no limit).")
@@ -96,7 +104,7 @@ func runPrepare(ctx context.Context, c *clients, streams genericiooptions.IOStre
 		return err
 	}
 	p := &preflight.Preparer{
-		Client: c.client, TrustWebhook: opts.trustWebhook, DryRun: opts.dryRun,
+		Client: c.client, TrustWebhook: opts.trustWebhook, DryRun: opts.dryRun, Ahead: opts.ahead,
 		Migrate: func(ctx context.Context, name, target string) error {
 			return c.migrateFor(ctx, streams, name, target, opts, viaOperator)
 		},

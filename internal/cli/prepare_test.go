@@ -82,7 +82,10 @@ func recordWrites(t *testing.T) func() []string {
 //	(c) a skipped release, which drops the live storage version: blocked
 //	    (exit 8), and prepare changes nothing, CRD and etcd as before;
 //	(d) a conversion webhook that refuses one object during prepare:
-//	    nothing pruned, the object named, the apply still refused.
+//	    nothing pruned, the object named, the apply still refused;
+//	(f) a release that keeps a version status.storedVersions lists besides
+//	    the storage version: ok, with a warning that a later release
+//	    dropping it is refused; prepare --ahead migrates and prunes.
 func TestPrepareReleases(t *testing.T) {
 	dir := t.TempDir()
 
@@ -142,6 +145,35 @@ func TestPrepareReleases(t *testing.T) {
 			t.Errorf("the CRD's resourceVersion moved from %s to %s", before, after)
 		}
 		fx.AssertAllStoredAt(t, "v1beta1", releaseObjects)
+	})
+
+	t.Run("f: ahead of a later release", func(t *testing.T) {
+		// The release keeps v1beta1 and v1, so its apply passes; but the
+		// objects were never migrated after the storage switch, so the
+		// release that drops v1beta1 would be refused.
+		const objects = 20
+		fx := testenv.Fixture{Env: env, Group: "f.releases.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+		fx.Install(t, "v1beta1", "v1")
+		fx.CreateObjects(t, "v1beta1", objects, rich, "releases-f")
+		fx.SwitchStorage(t, "v1")
+		release := filepath.Join(dir, "f.yaml")
+		writeRelease(t, release, fx.CRDName(), "v1beta1", "v1")
+		foresight := "after the apply status.storedVersions still lists v1beta1 besides the storage version v1: a later release that drops v1beta1 is refused"
+		out, _, code := restow(t, "preflight", "-f", release)
+		if code != 0 || !strings.Contains(out, fx.CRDName()+": ok") || !strings.Contains(out, "warning: "+foresight) {
+			t.Errorf("preflight exited %d, want 0, ok and the warning:\n%s", code, out)
+		}
+		_, errOut, code := restow(t, "prepare", "-f", release, "--in-process")
+		if code != 0 || !strings.Contains(errOut, "Warning: "+fx.CRDName()+": "+foresight) {
+			t.Errorf("prepare exited %d, want 0 and the warning:\n%s", code, errOut)
+		}
+		fx.AssertAllStoredAt(t, "v1beta1", objects)
+		out, _, code = restow(t, "prepare", "-f", release, "--in-process", "--ahead", "--settle-window", "2s")
+		if code != 0 || !strings.Contains(out, fx.CRDName()+": prepared: status.storedVersions lists v1 alone") {
+			t.Errorf("prepare --ahead exited %d, want 0 and prepared:\n%s", code, out)
+		}
+		fx.AssertAllStoredAt(t, "v1", objects)
+		fx.AssertStoredVersions(t, "v1")
 	})
 
 	t.Run("c: a skipped release", func(t *testing.T) {

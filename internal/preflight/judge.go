@@ -66,6 +66,13 @@ type Verdict struct {
 	Drops []string `json:"drops,omitempty"`
 	// Storage is the live storage version.
 	Storage string `json:"liveStorageVersion,omitempty"`
+	// Ahead, for an apply that passes, are the versions status.storedVersions
+	// lists after it besides the storage version: a later release that
+	// drops one is refused until every object is migrated.
+	Ahead []string `json:"aheadOfALaterRelease,omitempty"`
+	// AheadNow says that prepare --ahead can migrate them before this
+	// apply: it keeps the live storage version.
+	AheadNow bool `json:"-"`
 	// Bridge, for a manifest that drops the live storage version, is the
 	// version prepare makes the live storage version and migrates to.
 	Bridge string `json:"bridge,omitempty"`
@@ -130,6 +137,7 @@ func Judge(m Manifest, live *Live) Verdict {
 	switch {
 	case len(v.Drops) == 0:
 		v.State, v.Reason = OK, fmt.Sprintf("the manifest keeps every version status.storedVersions lists (%s)", strings.Join(live.StoredVersions, ", "))
+		foresee(&v, m, *live)
 	case slices.Contains(m.Versions, live.Storage):
 		v.State = NeedsPrepare
 		v.Reason = fmt.Sprintf("the manifest drops %s, which status.storedVersions still lists: kubectl restow prepare migrates every object to %s, the live storage version, and prunes status.storedVersions to [%s]; the apply then passes",
@@ -153,6 +161,33 @@ func Judge(m Manifest, live *Live) Verdict {
 		}
 	}
 	return v
+}
+
+// foresee records on v, for a manifest whose apply passes, the versions
+// status.storedVersions lists after the apply besides the storage version,
+// and warns that a later release that drops one is refused.
+func foresee(v *Verdict, m Manifest, live Live) {
+	storage := m.Storage
+	if storage == "" {
+		// --keep: the release's storage version is not known; the live
+		// one is the best guess, and prepare --ahead migrates to it.
+		storage = live.Storage
+	}
+	for _, stored := range appendNew(slices.Clone(live.StoredVersions), live.Storage) {
+		if stored != storage {
+			v.Ahead = append(v.Ahead, stored)
+		}
+	}
+	if len(v.Ahead) == 0 {
+		return
+	}
+	v.AheadNow = storage == live.Storage
+	how := fmt.Sprintf("kubectl restow run %s after the apply", m.Name)
+	if v.AheadNow {
+		how = "kubectl restow prepare --ahead now, or " + how
+	}
+	v.Warnings = append(v.Warnings, fmt.Sprintf("after the apply status.storedVersions still lists %s besides the storage version %s: a later release that drops %s is refused until every object is migrated to %s. The restow operator does it by itself; without it, %s",
+		strings.Join(v.Ahead, ", "), storage, strings.Join(v.Ahead, ", "), storage, how))
 }
 
 // Bridge chooses the version that carries the objects across a manifest

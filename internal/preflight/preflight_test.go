@@ -3,6 +3,7 @@ package preflight
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -29,6 +30,35 @@ func TestJudge(t *testing.T) {
 	}
 	if Blocked.Weight() <= NeedsPrepare.Weight() || NeedsPrepare.Weight() <= OK.Weight() || New.Weight() != OK.Weight() {
 		t.Error("weights out of order")
+	}
+}
+
+// TestJudgeForesees: an apply that passes, after which status.storedVersions
+// still lists a version besides the storage version, is ok with a warning
+// that a later release dropping it is refused; prepare --ahead can migrate
+// before the apply only where the apply keeps the live storage version.
+func TestJudgeForesees(t *testing.T) {
+	live := &Live{Storage: "v1", StoredVersions: []string{"v1beta1", "v1"}, Served: []string{"v1beta1", "v1"}}
+	for _, tc := range []struct {
+		name     string
+		m        Manifest
+		live     *Live
+		ahead    []string
+		aheadNow bool
+	}{
+		{"keeps the storage version", Manifest{Versions: []string{"v1beta1", "v1"}, Storage: "v1"}, live, []string{"v1beta1"}, true},
+		{"--keep", Manifest{Versions: []string{"v1beta1", "v1"}}, live, []string{"v1beta1"}, true},
+		{"switches the storage version", Manifest{Versions: []string{"v1beta1", "v1", "v2"}, Storage: "v2"}, live, []string{"v1beta1", "v1"}, false},
+		{"nothing besides the storage version", Manifest{Versions: []string{"v1"}, Storage: "v1"}, &Live{Storage: "v1", StoredVersions: []string{"v1"}, Served: []string{"v1"}}, nil, false},
+	} {
+		v := Judge(Manifest{Name: "x.example.com", Versions: tc.m.Versions, Storage: tc.m.Storage}, tc.live)
+		if v.State != OK || !slices.Equal(v.Ahead, tc.ahead) || v.AheadNow != tc.aheadNow {
+			t.Errorf("%s: %s, ahead %v (now %v), want ok, %v (now %v)", tc.name, v.State, v.Ahead, v.AheadNow, tc.ahead, tc.aheadNow)
+		}
+		warned := slices.ContainsFunc(v.Warnings, func(w string) bool { return strings.Contains(w, "a later release that drops") })
+		if warned != (len(tc.ahead) > 0) || (len(v.Warnings) > 0 && strings.Contains(v.Warnings[0], "--ahead") != tc.aheadNow) {
+			t.Errorf("%s: warnings %q", tc.name, v.Warnings)
+		}
 	}
 }
 

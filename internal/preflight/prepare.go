@@ -36,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -50,6 +51,11 @@ type Preparer struct {
 	TrustWebhook bool
 	// DryRun says what Prepare would do, and changes nothing.
 	DryRun bool
+	// Ahead also migrates a CRD whose apply passes but keeps listing old
+	// versions in status.storedVersions (Verdict.Ahead), where the apply
+	// keeps the live storage version: a later release that drops one
+	// passes then.
+	Ahead bool
 	// Migrate migrates every object of CRD name to target and prunes
 	// status.storedVersions to it.
 	Migrate func(ctx context.Context, name, target string) error
@@ -87,14 +93,17 @@ func (p *Preparer) Prepare(ctx context.Context, m Manifest) (State, error) {
 	if err != nil {
 		return "", err
 	}
+	ahead := p.Ahead && v.State == OK && v.AheadNow
 	switch {
 	case v.State == NeedsPrepare && v.Unchecked != "":
 		return v.State, fmt.Errorf("%s; nothing was changed", v.Unchecked)
-	case p.leftAsIs(v):
+	case p.leftAsIs(v, ahead):
 		return v.State, nil
 	}
 	for _, warning := range v.Warnings {
-		p.Report.Warn(v.CRD, warning)
+		if !ahead {
+			p.Report.Warn(v.CRD, warning)
+		}
 	}
 	target := v.Storage
 	if v.Bridge != "" {
@@ -113,25 +122,36 @@ func (p *Preparer) Prepare(ctx context.Context, m Manifest) (State, error) {
 	if err != nil {
 		return v.State, err
 	}
-	if after.State != OK {
+	switch {
+	case after.State != OK:
 		return v.State, &stopped{ErrPending, fmt.Errorf("after the migration it is still %s: %s", after.State, after.Reason)}
+	case ahead && len(after.Ahead) > 0:
+		return v.State, &stopped{ErrPending, fmt.Errorf("after the migration status.storedVersions still lists %s besides %s", strings.Join(after.Ahead, ", "), target)}
 	}
 	p.Report.Did(v.CRD, fmt.Sprintf("prepared: status.storedVersions lists %s alone; the apply passes (server-side dry run: %s)", target, dryRunSaid(after.DryRun)))
 	return v.State, nil
 }
 
 // leftAsIs reports a verdict after which Prepare changes nothing (blocked,
-// no prepare needed, or a dry run), and says so.
-func (p *Preparer) leftAsIs(v Verdict) bool {
+// no prepare needed, or a dry run), and says so; ahead says that the CRD
+// is prepared ahead of a later release (Preparer.Ahead).
+func (p *Preparer) leftAsIs(v Verdict, ahead bool) bool {
+	drops := v.Drops
+	if ahead {
+		drops = v.Ahead
+	}
 	switch {
 	case v.State == Blocked:
 		p.Report.Did(v.CRD, "blocked, left as it is: "+v.Reason)
-	case v.State != NeedsPrepare:
+	case v.State != NeedsPrepare && !ahead:
 		p.Report.Did(v.CRD, fmt.Sprintf("%s, nothing to prepare: %s", v.State, v.Reason))
+		for _, warning := range v.Warnings {
+			p.Report.Warn(v.CRD, warning)
+		}
 	case p.DryRun && v.Bridge != "":
 		p.Report.Did(v.CRD, fmt.Sprintf("would make %s the live storage version (no field of any object is lost at it: checked), migrate every object to it and prune status.storedVersions to [%s] (dry run: nothing changed)", v.Bridge, v.Bridge))
 	case p.DryRun:
-		p.Report.Did(v.CRD, fmt.Sprintf("would migrate every object to %s and prune %v from status.storedVersions (dry run: nothing changed)", v.Storage, v.Drops))
+		p.Report.Did(v.CRD, fmt.Sprintf("would migrate every object to %s and prune %v from status.storedVersions (dry run: nothing changed)", v.Storage, drops))
 	default:
 		return false
 	}
