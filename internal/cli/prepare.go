@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -92,37 +95,81 @@ func newPrepareCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Co
 	return cmd
 }
 
-// runPrepare migrates every CRD of manifests that needs it, one at a time,
-// and judges each again after: the apply passes only once the API server's
-// dry run accepts it. A CRD that is blocked, or whose migration fails, does
-// not stop the others; the exit code is the weightiest outcome (an error,
-// then blocked, then a migration that left objects behind). Only the end of
-// ctx (--timeout, an interrupt) stops the rest.
+// prepareAtOnce bounds how many CRDs one prepare works on at once. Their
+// settle windows run side by side, so that a chart of many CRDs takes
+// about as long as its slowest; the passes themselves share the bound of
+// the process's migrator (migrator.DefaultMaxPasses) or the operator's.
+const prepareAtOnce = 16
+
+// prepared is how prepare left one CRD: the state judged first, and the
+// error it ended with (nil when it is prepared or left as it is).
+type prepared struct {
+	state preflight.State
+	err   error
+}
+
+// runPrepare prepares every CRD of manifests that needs it, up to
+// prepareAtOnce at a time, and judges each again after: the apply passes
+// only once the API server's dry run accepts it. A CRD that is blocked, or
+// whose migration fails, does not stop the others; the exit code is the
+// weightiest outcome (an error, then blocked, then a migration that left
+// objects behind). Only the end of ctx (--timeout, an interrupt) stops the
+// rest, and prepare then says where each CRD is.
 func runPrepare(ctx context.Context, c *clients, streams genericiooptions.IOStreams, manifests []preflight.Manifest, opts prepareOptions) error {
 	viaOperator, err := c.handsToOperator(ctx, opts.inProcess)
 	if err != nil {
 		return err
 	}
+	// Set up once for every migration in this process: they run side by side.
+	closeEtcd, err := inProcess(opts).setUpMigrator(c.migrator)
+	if err != nil {
+		return err
+	}
+	defer closeEtcd()
+	shared := genericiooptions.IOStreams{In: streams.In, Out: &lineWriter{w: streams.Out}, ErrOut: &lineWriter{w: streams.ErrOut}}
 	p := &preflight.Preparer{
 		Client: c.client, TrustWebhook: opts.trustWebhook, DryRun: opts.dryRun, Ahead: opts.ahead,
 		Migrate: func(ctx context.Context, name, target string) error {
-			return c.migrateFor(ctx, streams, name, target, opts, viaOperator)
+			return c.migrateFor(ctx, shared, name, target, opts, viaOperator)
 		},
-		Report: reporter(streams),
+		Report: reporter(shared),
 	}
+	outcomes := make([]prepared, len(manifests))
+	slots := make(chan struct{}, prepareAtOnce)
+	var wg sync.WaitGroup
+	for i, m := range manifests {
+		wg.Go(func() {
+			select {
+			case slots <- struct{}{}:
+				defer func() { <-slots }()
+			case <-ctx.Done():
+				outcomes[i] = prepared{err: ctx.Err()}
+				return
+			}
+			state, err := p.Prepare(ctx, m)
+			outcomes[i] = prepared{state, exitOf(err)}
+			if err != nil && ctx.Err() == nil {
+				fmt.Fprintf(shared.Out, "%s: not prepared: %s\n", m.Name, oneLine(err.Error()))
+			}
+		})
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return errors.Join(cutShort(shared.Out, manifests, outcomes), ctx.Err())
+	}
+	return prepareExit(manifests, outcomes)
+}
+
+// prepareExit is prepare's end once every CRD had its turn: nil when each
+// applies, else the weightiest exit code and every CRD's error.
+func prepareExit(manifests []preflight.Manifest, outcomes []prepared) error {
 	var failed []error
 	blocked := false
-	for _, m := range manifests {
-		state, err := p.Prepare(ctx, m)
-		err = exitOf(err)
-		if ctx.Err() != nil {
-			return errors.Join(err, ctx.Err())
+	for i, o := range outcomes {
+		if o.err != nil {
+			failed = append(failed, fmt.Errorf("%s: %w", manifests[i].Name, o.err))
 		}
-		if err != nil {
-			fmt.Fprintf(streams.Out, "%s: not prepared: %s\n", m.Name, oneLine(err.Error()))
-			failed = append(failed, fmt.Errorf("%s: %w", m.Name, err))
-		}
-		blocked = blocked || state == preflight.Blocked
+		blocked = blocked || o.state == preflight.Blocked
 	}
 	if len(failed) > 0 {
 		code := 0
@@ -144,6 +191,41 @@ func runPrepare(ctx context.Context, c *clients, streams genericiooptions.IOStre
 		return &exitError{code: ExitBlocked, err: errors.New("a CRD is blocked: prepare cannot let its apply through; see above")}
 	}
 	return nil
+}
+
+// cutShort says, when ctx ended first (--timeout, an interrupt), which
+// CRDs prepare finished and which not, and that a new run takes each on
+// from where it is.
+func cutShort(w io.Writer, manifests []preflight.Manifest, outcomes []prepared) error {
+	var done, open []string
+	for i, o := range outcomes {
+		if o.err == nil {
+			done = append(done, manifests[i].Name)
+		} else {
+			open = append(open, manifests[i].Name)
+		}
+	}
+	none := func(names []string) string {
+		if len(names) == 0 {
+			return "none"
+		}
+		return strings.Join(names, ", ")
+	}
+	fmt.Fprintf(w, "prepare stopped before its end: finished (prepared, or nothing to do): %s; not finished: %s\n", none(done), none(open))
+	return fmt.Errorf("not finished: %s. Run prepare again: it takes each CRD on from where it is (a storage switch it made stays; the restow operator's migrations go on meanwhile; nothing is pruned before a migration ends)", none(open))
+}
+
+// lineWriter lets several goroutines write to w, one whole write at a time:
+// each line prepare and its migrations print is one write, and names its CRD.
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // exitOf gives an error of prepare's its exit code.
@@ -210,9 +292,16 @@ func (c *clients) migrateFor(ctx context.Context, streams genericiooptions.IOStr
 		return requestMigration(ctx, c, streams, name, follow)
 	}
 	fmt.Fprintf(streams.Out, "%s: migrating in this process\n", name)
-	return run(ctx, c, streams, name, runOptions{
+	pass := inProcess(opts)
+	pass.expectStorage, pass.setUp = target, true
+	return run(ctx, c, streams, name, pass)
+}
+
+// inProcess is how prepare migrates in this process: as run does by
+// default, with prepare's settle window.
+func inProcess(opts prepareOptions) runOptions {
+	return runOptions{
 		prune: true, concurrency: migrator.DefaultConcurrency, pageSize: migrator.DefaultPageSize,
 		settleWindow: opts.settleWindow, lagBound: migrator.DefaultLagBound, lagLimit: migrator.DefaultLagLimit,
-		expectStorage: target,
-	})
+	}
 }

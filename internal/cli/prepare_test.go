@@ -3,6 +3,7 @@ package cli_test
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -85,7 +86,10 @@ func recordWrites(t *testing.T) func() []string {
 //	    nothing pruned, the object named, the apply still refused;
 //	(f) a release that keeps a version status.storedVersions lists besides
 //	    the storage version: ok, with a warning that a later release
-//	    dropping it is refused; prepare --ahead migrates and prunes.
+//	    dropping it is refused; prepare --ahead migrates and prunes;
+//	(g) two CRDs whose windows outlast --timeout: exit 3 naming both
+//	    unfinished, nothing pruned; run again, both prepared, their windows
+//	    side by side.
 func TestPrepareReleases(t *testing.T) {
 	dir := t.TempDir()
 
@@ -174,6 +178,52 @@ func TestPrepareReleases(t *testing.T) {
 		}
 		fx.AssertAllStoredAt(t, "v1", objects)
 		fx.AssertStoredVersions(t, "v1")
+	})
+
+	t.Run("g: two CRDs side by side, cut short by --timeout, then run again", func(t *testing.T) {
+		const objects = 20
+		releases := filepath.Join(dir, "g")
+		if err := os.Mkdir(releases, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		fxs := make([]testenv.Fixture, 0, 2)
+		for _, name := range []string{"g1", "g2"} {
+			fx := testenv.Fixture{Env: env, Group: name + ".releases.restow.dev", Kind: "Widget", Plural: "widgets", Namespaced: true}
+			fx.Install(t, "v1beta1", "v1")
+			fx.CreateObjects(t, "v1beta1", objects, rich, "releases-"+name)
+			fx.SwitchStorage(t, "v1")
+			writeRelease(t, filepath.Join(releases, name+".yaml"), fx.CRDName(), "v1")
+			fxs = append(fxs, fx)
+		}
+		// Each settle window outlasts the timeout: neither CRD can finish.
+		out, _, code := restow(t, "prepare", "-f", releases, "--in-process", "--settle-window", "1m", "--timeout", "10s")
+		if code != cli.ExitTimeout || !strings.Contains(out, "finished (prepared, or nothing to do): none; not finished: "+fxs[0].CRDName()+", "+fxs[1].CRDName()) {
+			t.Errorf("prepare exited %d, want %d naming both CRDs not finished:\n%s", code, cli.ExitTimeout, out)
+		}
+		for _, fx := range fxs {
+			fx.AssertStoredVersions(t, "v1beta1", "v1")
+		}
+		// Run again: both finish. Their windows run side by side, so both
+		// start migrating before either is prepared.
+		out, _, code = restow(t, "prepare", "-f", releases, "--in-process", "--settle-window", "5s")
+		if code != 0 {
+			t.Fatalf("prepare run again exited %d, want 0:\n%s", code, out)
+		}
+		firstPrepared := len(out)
+		for _, fx := range fxs {
+			started, prepared := strings.Index(out, fx.CRDName()+": migrating in this process"), strings.Index(out, fx.CRDName()+": prepared")
+			if started < 0 || prepared < 0 {
+				t.Fatalf("%s not migrated and prepared:\n%s", fx.CRDName(), out)
+			}
+			firstPrepared = min(firstPrepared, prepared)
+		}
+		for _, fx := range fxs {
+			if started := strings.Index(out, fx.CRDName()+": migrating in this process"); started > firstPrepared {
+				t.Errorf("%s started migrating after another CRD was prepared: the windows ran one after another:\n%s", fx.CRDName(), out)
+			}
+			fx.AssertAllStoredAt(t, "v1", objects)
+			fx.AssertStoredVersions(t, "v1")
+		}
 	})
 
 	t.Run("c: a skipped release", func(t *testing.T) {

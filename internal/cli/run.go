@@ -42,6 +42,20 @@ type runOptions struct {
 	expectStorage string
 	// space says how the pass learns etcd's room.
 	space spaceFlags
+	// setUp says that the caller set the migrator up with these options
+	// once, for several passes side by side (prepare): see setUpMigrator.
+	setUp bool
+}
+
+// setUpMigrator sets the process's migrator up for passes with o: the API
+// servers' lag and how etcd's room is read. These are the migrator's own,
+// shared by its passes, so they are set once before any pass starts; the
+// returned function closes the etcd client, if any.
+func (o runOptions) setUpMigrator(m *migrator.Migrator) (closeEtcd func(), err error) {
+	m.LagBound, m.AssumeSeveral, m.LagLimit = o.lagBound, o.several, o.lagLimit
+	// validate parsed it already.
+	m.APIServerAddresses, _ = migrator.ParseAPIServerAddresses(o.apiServers)
+	return o.space.apply(m)
 }
 
 func newRunCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Command {
@@ -123,11 +137,13 @@ func (o runOptions) validate() error {
 }
 
 func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts runOptions) error {
-	closeEtcd, err := opts.space.apply(c.migrator)
-	if err != nil {
-		return err
+	if !opts.setUp {
+		closeEtcd, err := opts.setUpMigrator(c.migrator)
+		if err != nil {
+			return err
+		}
+		defer closeEtcd()
 	}
-	defer closeEtcd()
 	gr, target, err := runTarget(ctx, c, streams, arg, opts)
 	if err != nil {
 		return err
@@ -175,9 +191,6 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 // runTarget resolves the resource arg names, once the API server serves
 // its storage version, and scopes it to --namespace.
 func runTarget(ctx context.Context, c *clients, streams genericiooptions.IOStreams, arg string, opts runOptions) (schema.GroupResource, migrator.Target, error) {
-	c.migrator.LagBound, c.migrator.AssumeSeveral, c.migrator.LagLimit = opts.lagBound, opts.several, opts.lagLimit
-	// validate parsed it already.
-	c.migrator.APIServerAddresses, _ = migrator.ParseAPIServerAddresses(opts.apiServers)
 	gr, err := c.resolveResource(arg)
 	if err != nil {
 		return gr, migrator.Target{}, err
