@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -137,19 +138,25 @@ func runPrepare(ctx context.Context, c *clients, streams genericiooptions.IOStre
 	outcomes := make([]prepared, len(manifests))
 	slots := make(chan struct{}, prepareAtOnce)
 	var wg sync.WaitGroup
-	for i, m := range manifests {
+	for _, same := range byCRD(manifests) {
+		// Manifests of one CRD (-f and --keep both naming it) one after
+		// another: the second sees what the first did.
 		wg.Go(func() {
 			select {
 			case slots <- struct{}{}:
 				defer func() { <-slots }()
 			case <-ctx.Done():
-				outcomes[i] = prepared{err: ctx.Err()}
+				for _, i := range same {
+					outcomes[i] = prepared{err: ctx.Err()}
+				}
 				return
 			}
-			state, err := p.Prepare(ctx, m)
-			outcomes[i] = prepared{state, exitOf(err)}
-			if err != nil && ctx.Err() == nil {
-				fmt.Fprintf(shared.Out, "%s: not prepared: %s\n", m.Name, oneLine(err.Error()))
+			for _, i := range same {
+				state, err := p.Prepare(ctx, manifests[i])
+				outcomes[i] = prepared{state, exitOf(err)}
+				if err != nil && ctx.Err() == nil {
+					fmt.Fprintf(shared.Out, "%s: not prepared: %s\n", manifests[i].Name, oneLine(err.Error()))
+				}
 			}
 		})
 	}
@@ -193,26 +200,50 @@ func prepareExit(manifests []preflight.Manifest, outcomes []prepared) error {
 	return nil
 }
 
-// cutShort says, when ctx ended first (--timeout, an interrupt), which
-// CRDs prepare finished and which not, and that a new run takes each on
-// from where it is.
+// byCRD groups the indexes of manifests by the CRD each names, in the
+// order each CRD first appears.
+func byCRD(manifests []preflight.Manifest) [][]int {
+	var groups [][]int
+	at := map[string]int{}
+	for i, m := range manifests {
+		g, ok := at[m.Name]
+		if !ok {
+			g = len(groups)
+			at[m.Name] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// cutShort says, when ctx ended first (--timeout, an interrupt), where each
+// CRD is: prepared or with nothing to do, blocked, or not finished (with
+// what it ended on), and that a new run takes each on from where it is.
 func cutShort(w io.Writer, manifests []preflight.Manifest, outcomes []prepared) error {
-	var done, open []string
+	var done, blocked, open []string
+	var errs []error
 	for i, o := range outcomes {
-		if o.err == nil {
-			done = append(done, manifests[i].Name)
-		} else {
-			open = append(open, manifests[i].Name)
+		name := manifests[i].Name
+		switch {
+		case o.err != nil:
+			open = append(open, name)
+			fmt.Fprintf(w, "%s: not finished: %s\n", name, oneLine(o.err.Error()))
+			errs = append(errs, fmt.Errorf("%s: %w", name, o.err))
+		case o.state == preflight.Blocked:
+			blocked = append(blocked, name)
+		default:
+			done = append(done, name)
 		}
 	}
 	none := func(names []string) string {
 		if len(names) == 0 {
 			return "none"
 		}
-		return strings.Join(names, ", ")
+		return strings.Join(slices.Compact(names), ", ")
 	}
-	fmt.Fprintf(w, "prepare stopped before its end: finished (prepared, or nothing to do): %s; not finished: %s\n", none(done), none(open))
-	return fmt.Errorf("not finished: %s. Run prepare again: it takes each CRD on from where it is (a storage switch it made stays; the restow operator's migrations go on meanwhile; nothing is pruned before a migration ends)", none(open))
+	fmt.Fprintf(w, "prepare stopped before its end: prepared, or nothing to do: %s; blocked, left as they are: %s; not finished: %s\n", none(done), none(blocked), none(open))
+	return errors.Join(append(errs, fmt.Errorf("not finished: %s. Run prepare again: it takes each CRD on from where it is (a storage switch it made stays; the restow operator's migrations go on meanwhile; nothing is pruned before a migration ends)", none(open)))...)
 }
 
 // lineWriter lets several goroutines write to w, one whole write at a time:

@@ -197,7 +197,7 @@ func TestPrepareReleases(t *testing.T) {
 		}
 		// Each settle window outlasts the timeout: neither CRD can finish.
 		out, _, code := restow(t, "prepare", "-f", releases, "--in-process", "--settle-window", "1m", "--timeout", "10s")
-		if code != cli.ExitTimeout || !strings.Contains(out, "finished (prepared, or nothing to do): none; not finished: "+fxs[0].CRDName()+", "+fxs[1].CRDName()) {
+		if code != cli.ExitTimeout || !strings.Contains(out, "prepared, or nothing to do: none; blocked, left as they are: none; not finished: "+fxs[0].CRDName()+", "+fxs[1].CRDName()) {
 			t.Errorf("prepare exited %d, want %d naming both CRDs not finished:\n%s", code, cli.ExitTimeout, out)
 		}
 		for _, fx := range fxs {

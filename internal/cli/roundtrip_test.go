@@ -111,7 +111,9 @@ func renamedCRD(group string, hook *testenv.ConversionWebhook, versions ...strin
 //	     interrupted prepare), the webhook lossy: prepare blocks before
 //	     migrating, nothing changed;
 //	(w5) the webhook out of reach: preflight says needs prepare, not
-//	     checked from here; prepare fails, nothing changed.
+//	     checked from here; prepare fails, nothing changed;
+//	(w6) prepare --ahead, the release keeping every stored version, the
+//	     webhook lossy: nothing migrated, a warning says why.
 func TestBridgeThroughWebhook(t *testing.T) {
 	dir := t.TempDir()
 	// install applies release N-1 (v1alpha1 stored, v1beta1 served) as
@@ -211,6 +213,37 @@ func TestBridgeThroughWebhook(t *testing.T) {
 			t.Errorf("the storage version is %s, want v1alpha1 again", got)
 		}
 		fx.AssertAllStoredAt(t, "v1alpha1", releaseObjects)
+		fx.AssertStoredVersions(t, "v1alpha1", "v1beta1")
+	})
+
+	t.Run("w6: prepare --ahead through a webhook that drops a field", func(t *testing.T) {
+		// The release keeps v1alpha1 and v1beta1, so its apply passes; the
+		// objects still stored at v1alpha1 would lose spec.note through
+		// the webhook if --ahead migrated them: it leaves them as they are.
+		ctx := t.Context()
+		const objects = 20
+		group := "w6.bridge.restow.dev"
+		hook := renamingWebhook(t, func() bool { return true })
+		fx := testenv.Fixture{Env: env, Group: group, Kind: "Gadget", Plural: "gadgets", Namespaced: true}
+		if err := applyAsHelm(ctx, renamedCRD(group, hook, "v1beta1", "v1alpha1")); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.DeleteCRD(context.Background(), fx.CRDName()) })
+		if err := env.WaitForCRD(ctx, fx.CRDName()); err != nil {
+			t.Fatal(err)
+		}
+		fx.CreateObjects(t, "v1alpha1", objects, scheduled, "w6-webhook")
+		next := renamedCRD(group, hook, "v1alpha1", "v1beta1")
+		if err := applyAsHelm(ctx, next); err != nil {
+			t.Fatal(err)
+		}
+		fx.SwitchStorage(t, "v1beta1")
+		release := writeManifest(t, dir, next)
+		_, stderr, code := restow(t, "prepare", "-f", release, "--ahead", "--in-process", "--settle-window", "2s")
+		if code != 0 || !strings.Contains(stderr, "prepare --ahead leaves it as it is: its conversion webhook would lose fields of 10 objects migrated to v1beta1") {
+			t.Errorf("prepare --ahead exited %d, want 0 and the CRD left as it is:\n%s", code, stderr)
+		}
+		fx.AssertAllStoredAt(t, "v1alpha1", objects)
 		fx.AssertStoredVersions(t, "v1alpha1", "v1beta1")
 	})
 

@@ -55,7 +55,7 @@ func TestLostFields(t *testing.T) {
 		t.Errorf("LostFields = %v, want %v", got, want)
 	}
 	open := obj(map[string]apiextensionsv1.JSONSchemaProps{"spec": {Type: "object", XPreserveUnknownFields: ptr.To(true)}})
-	if got, want := LostFields(&open, &to), []string{"spec.*"}; !slices.Equal(got, want) {
+	if got, want := LostFields(&open, &to), []string{"spec.*", "spec.list[].*"}; !slices.Equal(got, want) {
 		t.Errorf("LostFields from an open spec = %v, want %v", got, want)
 	}
 	if got := LostFields(&to, &to); len(got) != 0 {
@@ -174,6 +174,26 @@ func TestLostFieldsNarrowings(t *testing.T) {
 			spec(map[string]apiextensionsv1.JSONSchemaProps{"ratio": {Type: "number"}}),
 			spec(map[string]apiextensionsv1.JSONSchemaProps{"ratio": {Type: "integer"}}),
 			[]string{"spec.ratio (number to integer)"}},
+		{"unknown fields kept where to types a subtree",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"open": open(nil)}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"open": open(map[string]apiextensionsv1.JSONSchemaProps{"template": obj(map[string]apiextensionsv1.JSONSchemaProps{"image": str})})}),
+			[]string{"spec.open.template.*"}},
+		{"a map of anything, then of typed objects",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"any": {Type: "object", AdditionalProperties: &apiextensionsv1.JSONSchemaPropsOrBool{Allows: true}}}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"any": mapOf(obj(map[string]apiextensionsv1.JSONSchemaProps{"image": str}))}),
+			[]string{"spec.any{}.*"}},
+		{"an embedded resource's metadata, then a plain object's",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"template": embedded}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"template": obj(map[string]apiextensionsv1.JSONSchemaProps{
+				"apiVersion": str, "kind": str, "replicas": {Type: "integer"},
+				"metadata": obj(map[string]apiextensionsv1.JSONSchemaProps{"name": str, "labels": mapOf(str)}),
+			})}),
+			[]string{"spec.template.metadata.annotations", "spec.template.metadata.finalizers", "spec.template.metadata.generateName", "spec.template.metadata.namespace", "spec.template.metadata.ownerReferences"}},
+		{"fixed properties become a map of narrower values",
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"limits": obj(map[string]apiextensionsv1.JSONSchemaProps{"cpu": str})}),
+			spec(map[string]apiextensionsv1.JSONSchemaProps{"limits": mapOf(apiextensionsv1.JSONSchemaProps{Type: "integer"})}),
+			[]string{"spec.limits.cpu (string to integer)"}},
+		{"a version without a schema", spec(nil), nil, []string{"(a version without a schema: what it keeps is unknown)"}},
 		{"widening loses nothing",
 			spec(map[string]apiextensionsv1.JSONSchemaProps{"n": {Type: "integer"}, "labels": obj(map[string]apiextensionsv1.JSONSchemaProps{"team": str}), "port": {Type: "integer"}}),
 			spec(map[string]apiextensionsv1.JSONSchemaProps{"n": {Type: "number"}, "labels": mapOf(str), "port": {XIntOrString: true}}),

@@ -42,6 +42,8 @@ func (p *Preparer) Check(ctx context.Context, m Manifest) (Verdict, error) {
 		err = p.fieldCheck(ctx, crd, m.CRD, &v)
 	case v.State == NeedsPrepare && viaWebhook(crd):
 		err = p.webhookCheck(ctx, crd, &v)
+	case p.Ahead && v.AheadNow && viaWebhook(crd):
+		err = p.aheadCheck(ctx, crd, &v)
 	}
 	if err != nil {
 		return Verdict{}, err

@@ -141,6 +141,27 @@ func (p *Preparer) webhookCheck(ctx context.Context, crd *apiextensionsv1.Custom
 	return nil
 }
 
+// aheadCheck holds a migration ahead of a later release (Preparer.Ahead)
+// through a conversion webhook to what webhookCheck asks of any: one that
+// would lose a field, or that cannot be checked from here, is not made
+// (v.AheadNow false, and a warning says why). The apply passes either way,
+// so the CRD is not blocked.
+func (p *Preparer) aheadCheck(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, v *Verdict) error {
+	check := Verdict{CRD: v.CRD, State: NeedsPrepare}
+	if err := p.webhookCheck(ctx, crd, &check); err != nil {
+		return err
+	}
+	why := check.Unchecked
+	if check.State == Blocked {
+		why = check.Reason
+	}
+	if why != "" {
+		v.AheadNow = false
+		v.Warnings = append(v.Warnings, "prepare --ahead leaves it as it is: "+why)
+	}
+	return nil
+}
+
 // storedAt lists the versions crd's objects may be stored at:
 // status.storedVersions and the storage version.
 func storedAt(crd *apiextensionsv1.CustomResourceDefinition) []string {

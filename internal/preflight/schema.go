@@ -32,13 +32,13 @@ import (
 // known.
 func LostFields(from, to *apiextensionsv1.JSONSchemaProps) []string {
 	if from == nil || to == nil {
-		return nil
+		return []string{"(a version without a schema: what it keeps is unknown)"}
 	}
 	structural, err := structuralOf(to)
 	if err != nil {
 		return []string{"(the schema is not structural, so what it prunes is unknown: " + err.Error() + ")"}
 	}
-	sample, _ := sampleOf(from, false).(map[string]any)
+	sample, _ := sampleOf(from, to, false).(map[string]any)
 	for _, meta := range []string{"apiVersion", "kind", "metadata"} {
 		delete(sample, meta)
 	}
@@ -60,35 +60,112 @@ const (
 	sampleUnknownKey = "*"
 )
 
-// sampleOf is a value that sets every field s allows, at any depth (see
-// LostFields); embedded says s is an embedded resource's.
-func sampleOf(s *apiextensionsv1.JSONSchemaProps, embedded bool) any {
+// sampleOf is a value that sets every field from allows, at any depth (see
+// LostFields); to is the schema at the same place in the other version, or
+// nil, which shapes what an object may hold where from allows anything;
+// embedded says from is an embedded resource's.
+func sampleOf(from, to *apiextensionsv1.JSONSchemaProps, embedded bool) any {
 	switch {
-	case s == nil:
-		return "x"
-	case s.Type == "array" || (s.Items != nil && s.Items.Schema != nil):
-		if s.Items == nil || s.Items.Schema == nil {
-			return []any{"x"}
-		}
-		return []any{sampleOf(s.Items.Schema, false)}
-	case s.Type != "object" && len(s.Properties) == 0 && s.AdditionalProperties == nil && !preserves(s) && !embedded && !embeds(s):
+	case from == nil:
+		// Anything: whatever to declares here, and more.
+		return anySample(to)
+	case isList(from):
+		return []any{sampleOf(itemsOf(from), itemsOf(to), false)}
+	case !isObject(from) && !embedded:
 		return "x"
 	}
 	out := map[string]any{}
-	for name, p := range s.Properties {
-		out[name] = sampleOf(&p, embeds(&p))
+	for name, p := range from.Properties {
+		out[name] = sampleOf(&p, fieldOf(to, name), embeds(&p))
 	}
-	if s.AdditionalProperties != nil && (s.AdditionalProperties.Schema != nil || s.AdditionalProperties.Allows) {
-		out[sampleMapKey] = sampleOf(s.AdditionalProperties.Schema, false)
+	if ap := from.AdditionalProperties; ap != nil && (ap.Schema != nil || ap.Allows) {
+		out[sampleMapKey] = sampleOf(ap.Schema, fieldOf(to, sampleMapKey), false)
 	}
-	if preserves(s) {
+	if preserves(from) {
+		// An unknown field may be one that to declares, holding anything.
 		out[sampleUnknownKey] = "x"
+		if to != nil {
+			for name, tp := range to.Properties {
+				if _, ok := out[name]; !ok {
+					out[name] = anySample(&tp)
+				}
+			}
+		}
 	}
-	if embedded || embeds(s) {
-		out["apiVersion"], out["kind"] = "example.com/v1", "Sample"
-		out["metadata"] = map[string]any{"name": "sample"}
+	if embedded || embeds(from) {
+		withObjectMeta(out)
 	}
 	return out
+}
+
+// anySample is a value an object may hold where its schema allows
+// anything, shaped by to: every field to declares, at any depth, and at
+// each level an unknown field, a map's key and a list's item, so that
+// whatever to prunes of it shows.
+func anySample(to *apiextensionsv1.JSONSchemaProps) any {
+	switch {
+	case to == nil:
+		return "x"
+	case isList(to):
+		return []any{anySample(itemsOf(to))}
+	case !isObject(to):
+		return "x"
+	}
+	out := map[string]any{sampleUnknownKey: "x"}
+	for name, tp := range to.Properties {
+		out[name] = anySample(&tp)
+	}
+	if to.AdditionalProperties != nil {
+		out[sampleMapKey] = anySample(to.AdditionalProperties.Schema)
+	}
+	if embeds(to) {
+		withObjectMeta(out)
+	}
+	return out
+}
+
+// withObjectMeta sets an embedded resource's apiVersion, kind and every
+// field of its metadata, which a schema that is no longer an embedded
+// resource's may prune.
+func withObjectMeta(out map[string]any) {
+	out["apiVersion"], out["kind"] = "example.com/v1", "Sample"
+	out["metadata"] = map[string]any{
+		"name": "sample", "generateName": "sample-", "namespace": "default",
+		"labels": map[string]any{sampleMapKey: "x"}, "annotations": map[string]any{sampleMapKey: "x"},
+		"ownerReferences": []any{map[string]any{"apiVersion": "v1", "kind": "Sample", "name": "owner", "uid": "0"}},
+		"finalizers":      []any{"x"},
+	}
+}
+
+func isList(s *apiextensionsv1.JSONSchemaProps) bool {
+	return s.Type == "array" || (s.Items != nil && s.Items.Schema != nil)
+}
+
+func isObject(s *apiextensionsv1.JSONSchemaProps) bool {
+	return s.Type == "object" || len(s.Properties) > 0 || s.AdditionalProperties != nil || preserves(s) || embeds(s)
+}
+
+// itemsOf is the schema of s's items, or nil (any, or s nil).
+func itemsOf(s *apiextensionsv1.JSONSchemaProps) *apiextensionsv1.JSONSchemaProps {
+	if s == nil || s.Items == nil {
+		return nil
+	}
+	return s.Items.Schema
+}
+
+// fieldOf is the schema s gives the field name (sampleMapKey: a map's
+// values), or nil.
+func fieldOf(s *apiextensionsv1.JSONSchemaProps, name string) *apiextensionsv1.JSONSchemaProps {
+	if s == nil {
+		return nil
+	}
+	if p, ok := s.Properties[name]; ok && name != sampleMapKey {
+		return &p
+	}
+	if s.AdditionalProperties != nil {
+		return s.AdditionalProperties.Schema
+	}
+	return nil
 }
 
 func embeds(s *apiextensionsv1.JSONSchemaProps) bool { return s != nil && s.XEmbeddedResource }
@@ -123,8 +200,8 @@ func narrowed(path string, from, to *apiextensionsv1.JSONSchemaProps) []string {
 		if path == "" && (name == "apiVersion" || name == "kind" || name == "metadata") {
 			continue
 		}
-		if tp, ok := to.Properties[name]; ok {
-			out = append(out, narrowed(join(path, name), &fp, &tp)...)
+		if tp := fieldOf(to, name); tp != nil {
+			out = append(out, narrowed(join(path, name), &fp, tp)...)
 		}
 	}
 	if from.Items != nil && to.Items != nil {
