@@ -105,6 +105,7 @@ const prepareAtOnce = 16
 // prepared is how prepare left one CRD: the state judged first, and the
 // error it ended with (nil when it is prepared or left as it is).
 type prepared struct {
+	crd   string
 	state preflight.State
 	err   error
 }
@@ -147,13 +148,13 @@ func runPrepare(ctx context.Context, c *clients, streams genericiooptions.IOStre
 				defer func() { <-slots }()
 			case <-ctx.Done():
 				for _, i := range same {
-					outcomes[i] = prepared{err: ctx.Err()}
+					outcomes[i] = prepared{crd: manifests[i].Name, err: ctx.Err()}
 				}
 				return
 			}
 			for _, i := range same {
 				state, err := p.Prepare(ctx, manifests[i])
-				outcomes[i] = prepared{state, exitOf(err)}
+				outcomes[i] = prepared{manifests[i].Name, state, exitOf(err)}
 				if err != nil && ctx.Err() == nil {
 					fmt.Fprintf(shared.Out, "%s: not prepared: %s\n", manifests[i].Name, oneLine(err.Error()))
 				}
@@ -162,19 +163,19 @@ func runPrepare(ctx context.Context, c *clients, streams genericiooptions.IOStre
 	}
 	wg.Wait()
 	if ctx.Err() != nil {
-		return errors.Join(cutShort(shared.Out, manifests, outcomes), ctx.Err())
+		return errors.Join(cutShort(shared.Out, outcomes), ctx.Err())
 	}
-	return prepareExit(manifests, outcomes)
+	return prepareExit(outcomes)
 }
 
 // prepareExit is prepare's end once every CRD had its turn: nil when each
 // applies, else the weightiest exit code and every CRD's error.
-func prepareExit(manifests []preflight.Manifest, outcomes []prepared) error {
+func prepareExit(outcomes []prepared) error {
 	var failed []error
 	blocked := false
-	for i, o := range outcomes {
+	for _, o := range outcomes {
 		if o.err != nil {
-			failed = append(failed, fmt.Errorf("%s: %w", manifests[i].Name, o.err))
+			failed = append(failed, fmt.Errorf("%s: %w", o.crd, o.err))
 		}
 		blocked = blocked || o.state == preflight.Blocked
 	}
@@ -192,7 +193,7 @@ func prepareExit(manifests []preflight.Manifest, outcomes []prepared) error {
 				code = c
 			}
 		}
-		return &exitError{code: code, err: fmt.Errorf("%d of %d CRDs not prepared: %w", len(failed), len(manifests), errors.Join(failed...))}
+		return &exitError{code: code, err: fmt.Errorf("%d of %d CRDs not prepared: %w", len(failed), len(outcomes), errors.Join(failed...))}
 	}
 	if blocked {
 		return &exitError{code: ExitBlocked, err: errors.New("a CRD is blocked: prepare cannot let its apply through; see above")}
@@ -220,11 +221,11 @@ func byCRD(manifests []preflight.Manifest) [][]int {
 // cutShort says, when ctx ended first (--timeout, an interrupt), where each
 // CRD is: prepared or with nothing to do, blocked, or not finished (with
 // what it ended on), and that a new run takes each on from where it is.
-func cutShort(w io.Writer, manifests []preflight.Manifest, outcomes []prepared) error {
+func cutShort(w io.Writer, outcomes []prepared) error {
 	var done, blocked, open []string
 	var errs []error
-	for i, o := range outcomes {
-		name := manifests[i].Name
+	for _, o := range outcomes {
+		name := o.crd
 		switch {
 		case o.err != nil:
 			open = append(open, name)
