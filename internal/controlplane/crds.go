@@ -175,18 +175,33 @@ func (e *ControlPlane) DeleteCRD(ctx context.Context, name string) error {
 		return fmt.Errorf("deleting CRD %s: %w", name, err)
 	}
 	plural, group, _ := strings.Cut(name, ".")
+	gone := false
 	err := WaitProgress(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
 		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-			return apierrors.IsNotFound(err), "", client.IgnoreNotFound(err)
+			gone = apierrors.IsNotFound(err)
+			return gone, "", client.IgnoreNotFound(err)
 		}
 		left, err := e.etcd.Get(ctx, resourcePrefix(group, plural)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			return false, "", err
 		}
-		return false, fmt.Sprintf("%d objects left in etcd", left.Count), nil
+		return left.Count == 0, fmt.Sprintf("%d objects left in etcd", left.Count), nil
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("waiting for CRD %s to be deleted: %w", name, err)
+	}
+	if gone {
+		return nil
+	}
+	// No object is left in etcd: what remains is the API server's own
+	// finalizer, which retries on a backoff of its own (over a minute
+	// after a few failures on a loaded machine): only ctx bounds it.
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for CRD %s to be deleted: no object of it is left in etcd, but the API server's finalizer has not removed it (conditions %v): %w", name, crd.Status.Conditions, err)
 	}
 	return nil
 }
