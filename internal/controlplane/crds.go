@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -121,6 +122,50 @@ func (e *ControlPlane) SetStorageVersion(ctx context.Context, name, version stri
 		return err
 	}
 	return e.waitStoresAt(ctx, name, version)
+}
+
+// AgeStorageSwitch dates every managedFields entry of a CRD back by age,
+// as if the release that last wrote it had been applied age ago: the
+// evidence restow reads to tell a storage switch a release old from one
+// just made. The API server reverts an update that changes timestamps
+// alone, so the same update sets a label, as a field manager of its own
+// that owns nothing in spec.versions.
+func (e *ControlPlane) AgeStorageSwitch(ctx context.Context, name string, age time.Duration) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+			return err
+		}
+		if len(crd.ManagedFields) == 0 {
+			return fmt.Errorf("CRD %s has no managedFields to date back", name)
+		}
+		for i := range crd.ManagedFields {
+			if t := crd.ManagedFields[i].Time; t != nil {
+				crd.ManagedFields[i].Time = &metav1.Time{Time: t.Add(-age)}
+			}
+		}
+		labels := crd.GetLabels()
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels["test.restow.dev/aged"] = strconv.FormatInt(time.Now().UnixNano(), 10)
+		crd.SetLabels(labels)
+		return e.Client.Update(ctx, crd, client.FieldOwner("test-clock"))
+	})
+}
+
+// ClearManagedFields strips a CRD's managedFields, as a client that
+// writes a list of one empty entry does: nothing dates its last storage
+// switch then.
+func (e *ControlPlane) ClearManagedFields(ctx context.Context, name string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+			return err
+		}
+		crd.ManagedFields = []metav1.ManagedFieldsEntry{{}}
+		return e.Client.Update(ctx, crd)
+	})
 }
 
 // waitStoresAt writes canary objects of a CRD through the first API server
