@@ -563,7 +563,12 @@ func runJob(ctx context.Context, t *testing.T, job *batchv1.Job, check func(*bat
 		t.Error(err)
 		return hookRun{code: -1}
 	}
-	args := append(slices.Clone(spec.Containers[0].Args), "--kubeconfig="+kubeconfig, "--cache-dir="+filepath.Join(dir, "cache"))
+	args, err := mountConfigMaps(ctx, t, job)
+	if err != nil {
+		t.Error(err)
+		return hookRun{code: -1}
+	}
+	args = append(args, "--kubeconfig="+kubeconfig, "--cache-dir="+filepath.Join(dir, "cache"))
 	args = append(args, extra...)
 	var out bytes.Buffer
 	started := metav1.Now()
@@ -591,6 +596,47 @@ func runJob(ctx context.Context, t *testing.T, job *batchv1.Job, check func(*bat
 		t.Errorf("writing the hook Job's status: %v", err)
 	}
 	return hookRun{code: code, out: out.String()}
+}
+
+// mountConfigMaps does what the kubelet does for the Job's ConfigMap
+// volumes: it writes each key of each ConfigMap into a directory of its
+// own, and returns the container's arguments with each mount path
+// replaced by that directory. A ConfigMap that does not exist fails the
+// run, as the kubelet would not start the Pod.
+func mountConfigMaps(ctx context.Context, t *testing.T, job *batchv1.Job) ([]string, error) {
+	spec := job.Spec.Template.Spec
+	args := slices.Clone(spec.Containers[0].Args)
+	for _, v := range spec.Volumes {
+		if v.ConfigMap == nil {
+			continue
+		}
+		i := slices.IndexFunc(spec.Containers[0].VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == v.Name })
+		if i < 0 {
+			continue
+		}
+		cm := &corev1.ConfigMap{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: job.Namespace, Name: v.ConfigMap.Name}, cm); err != nil {
+			return nil, fmt.Errorf("the Job's volume %s: %w", v.Name, err)
+		}
+		// Not under dir: a test's name may hold a comma, which -f splits on.
+		local, err := os.MkdirTemp("", "volume-"+v.Name+"-")
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(local) })
+		for key, value := range cm.Data {
+			if err := os.WriteFile(filepath.Join(local, key), []byte(value), 0o600); err != nil {
+				return nil, err
+			}
+		}
+		mount := strings.TrimSuffix(spec.Containers[0].VolumeMounts[i].MountPath, "/") + "/"
+		for j, a := range args {
+			if k := strings.Index(a, mount); k >= 0 {
+				args[j] = a[:k] + local + "/" + a[k+len(mount):]
+			}
+		}
+	}
+	return args, nil
 }
 
 // jobHas reports whether a Job's condition of type is true.
@@ -723,6 +769,7 @@ func hookObjects(release, namespace string) []client.Object {
 		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release + "-restow-prepare"}},
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: release + "-restow-prepare"}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: release + "-restow-prepare"}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release + "-restow-release-crds"}},
 	}
 }
 
@@ -847,8 +894,8 @@ func TestCRDAuthorsDocShowsTheSamples(t *testing.T) {
 		}
 	}
 	// The run and prepare Jobs; Roles and RoleBindings in kube-system
-	// (Leases) and default (EndpointSlices).
-	want := map[string]int{"Job": 2, "ServiceAccount": 1, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 2, "RoleBinding": 2}
+	// (Leases) and default (EndpointSlices); the release's CRD for prepare.
+	want := map[string]int{"ConfigMap": 1, "Job": 2, "ServiceAccount": 1, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 2, "RoleBinding": 2}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Errorf("the hooks rendered %v, want %v", kinds, want)
 	}

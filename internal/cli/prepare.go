@@ -37,7 +37,9 @@ as any migration; then apply the release. Where the manifest drops the live
 storage version too (a skipped release, a downgrade), it first makes the
 version preflight names (both sides serve it, and every object keeps every
 field there) the storage version, as the field manager that owns
-spec.versions: that needs update and patch on the CRD.
+spec.versions: that needs update and patch on the CRD. That takes the
+release's CRD (-f): --keep names versions, not schemas, so such a CRD is
+blocked with --keep.
 
 Where restow's StorageMigration API is installed (the operator), prepare
 hands each migration to it (a StorageMigration, or a new pass of the one

@@ -153,6 +153,14 @@ func Judge(m Manifest, live *Live) Verdict {
 				live.Storage, strings.Join(live.StoredVersions, ", "))
 			return v
 		}
+		if m.CRD == nil {
+			// --keep names versions, not schemas: what the release's
+			// schema of the bridge keeps of each object is not known.
+			v.State = Blocked
+			v.Reason = fmt.Sprintf("the release drops %s, the live storage version, as a skipped release or a downgrade does (status.storedVersions lists %s), and --keep gives the versions the release keeps, not its schemas: restow cannot check that objects carried across at %s keep every field the release's schema of %s allows, so it bridges nothing. Nothing was changed. Give the release's CRD with -f instead",
+				live.Storage, strings.Join(live.StoredVersions, ", "), c, c)
+			return v
+		}
 		v.State, v.Bridge = NeedsPrepare, c
 		v.Reason = fmt.Sprintf("the manifest drops %s, the live storage version, as a skipped release or a downgrade does (status.storedVersions lists %s): kubectl restow prepare makes %s (served by both) the live storage version, once no field of any object would be lost at it, migrates every object to it and prunes status.storedVersions to [%s]; the apply then passes",
 			live.Storage, strings.Join(live.StoredVersions, ", "), c, c)

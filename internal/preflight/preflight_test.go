@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 )
 
 func TestJudge(t *testing.T) {
@@ -22,8 +24,16 @@ func TestJudge(t *testing.T) {
 		{"drops the storage version, no common version", []string{"v2"}, live, Blocked, "drops v1, the live storage version, as a skipped release or a downgrade does (status.storedVersions lists v1alpha1, v1), and no version the live CRD serves is in the manifest"},
 		{"a downgrade with a common version", []string{"v1alpha1"}, live, NeedsPrepare, "kubectl restow prepare makes v1alpha1 (served by both) the live storage version"},
 		{"not in the cluster", []string{"v1"}, nil, New, "the apply creates it"},
+		// --keep names versions, not schemas: no bridge, where the release's
+		// schema of it might prune what the live one keeps.
+		{"--keep: a downgrade", []string{"v1alpha1"}, live, Blocked, "--keep gives the versions the release keeps, not its schemas: restow cannot check that objects carried across at v1alpha1 keep every field"},
+		{"--keep: drops a stored version, keeps the storage version", []string{"v1"}, live, NeedsPrepare, "migrates every object to v1"},
 	} {
-		v := Judge(Manifest{Name: "x.example.com", Versions: tc.versions}, tc.live)
+		m := Manifest{Name: "x.example.com", Versions: tc.versions, CRD: &apiextensionsv1.CustomResourceDefinition{}}
+		if strings.HasPrefix(tc.name, "--keep") {
+			m.CRD, m.Source = nil, "--keep"
+		}
+		v := Judge(m, tc.live)
 		if v.State != tc.want || !strings.Contains(v.Reason, tc.reason) {
 			t.Errorf("%s: %s: %q, want %s saying %q", tc.name, v.State, v.Reason, tc.want, tc.reason)
 		}
