@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"context"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/restow/restow/controllers"
 	"github.com/restow/restow/internal/operator"
 	"github.com/restow/restow/internal/testenv"
 )
@@ -67,9 +67,19 @@ func TestPrepareJobSamples(t *testing.T) {
 	const n = 300
 	fx.CreateObjects(t, "v1beta1", n, func(i int) map[string]any { return map[string]any{"cronSpec": "* * * * */5", "replicas": int64(i)} }, "prepare-job-a")
 	fx.SwitchStorage(t, "v1")
+	// The switching release was applied ten minutes before.
+	if err := env.AgeStorageSwitch(ctx, fx.CRDName(), 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// restow's operator as users run it: the manager binary at its
+	// defaults, which migrates by itself.
 	ensureRestowCRD(t)
-	operator.Start(t, env.Config, env.Scheme, controllers.Options{})
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { deleteMigration(t, fx.CRDName()) })
+	operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig})
 
 	if err := env.EnsureNamespaces(ctx, "restow-prepare"); err != nil {
 		t.Fatal(err)
@@ -91,9 +101,10 @@ func TestPrepareJobSamples(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "restow-prepare", Name: "restow-prepare"}, live); err != nil {
 		t.Fatal(err)
 	}
-	run := runJob(ctx, t, live, nil, "--settle-window=2s")
-	if run.code != 0 || !strings.Contains(run.out, fx.CRDName()+": prepared: status.storedVersions lists v1 alone") {
-		t.Errorf("the prepare Job exited %d, want 0 and prepared", run.code)
+	// As shipped: the operator's own migration is under way, or over.
+	run := runJob(ctx, t, live, nil)
+	if run.code != 0 || !strings.Contains(run.out, fx.CRDName()+": prepared: status.storedVersions lists v1 alone") && !strings.Contains(run.out, fx.CRDName()+": ok, nothing to prepare") {
+		t.Errorf("the prepare Job exited %d, want 0 and prepared, or nothing left to prepare", run.code)
 	}
 	fx.AssertAllStoredAt(t, "v1", n)
 	fx.AssertStoredVersions(t, "v1")
