@@ -87,7 +87,7 @@ func prepareChart(t *testing.T, cp *testenv.Env, name string, withOperator bool)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(release) })
 	for _, fx := range fixtures {
-		writeReleaseThree(t, cp, fx, release)
+		writeReleaseThree(t, fx, release)
 		if err := applyReleaseThree(t, cp, fx, false); err == nil || !strings.Contains(err.Error(), "missing from spec.versions") {
 			t.Fatalf("release 3 of %s applied before prepare: %v, want the API server's refusal", fx.CRDName(), err)
 		}
@@ -158,7 +158,7 @@ func spec(i int) map[string]any {
 }
 
 // releaseThree is release 3 of fx's CRD: the live one with v1 alone.
-func releaseThree(t *testing.T, cp *testenv.Env, fx testenv.Fixture) *apiextensionsv1.CustomResourceDefinition {
+func releaseThree(t *testing.T, fx testenv.Fixture) *apiextensionsv1.CustomResourceDefinition {
 	live := fx.CRD(t)
 	crd := &apiextensionsv1.CustomResourceDefinition{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apiextensions.k8s.io/v1", Kind: "CustomResourceDefinition"},
@@ -174,8 +174,8 @@ func releaseThree(t *testing.T, cp *testenv.Env, fx testenv.Fixture) *apiextensi
 	return crd
 }
 
-func writeReleaseThree(t *testing.T, cp *testenv.Env, fx testenv.Fixture, dir string) {
-	raw, err := yaml.Marshal(releaseThree(t, cp, fx))
+func writeReleaseThree(t *testing.T, fx testenv.Fixture, dir string) {
+	raw, err := yaml.Marshal(releaseThree(t, fx))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func writeReleaseThree(t *testing.T, cp *testenv.Env, fx testenv.Fixture, dir st
 // applyReleaseThree applies release 3 of fx's CRD server-side, as Helm 4
 // does, or client-side (an update of the whole spec).
 func applyReleaseThree(t *testing.T, cp *testenv.Env, fx testenv.Fixture, serverSide bool) error {
-	crd := releaseThree(t, cp, fx)
+	crd := releaseThree(t, fx)
 	if serverSide {
 		u := &unstructured.Unstructured{}
 		raw, err := yaml.Marshal(crd)
@@ -197,7 +197,7 @@ func applyReleaseThree(t *testing.T, cp *testenv.Env, fx testenv.Fixture, server
 		if err := yaml.Unmarshal(raw, &u.Object); err != nil {
 			return err
 		}
-		return cp.Client.Patch(t.Context(), u, client.Apply, client.FieldOwner("helm"), client.ForceOwnership)
+		return cp.Client.Apply(t.Context(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("helm"), client.ForceOwnership)
 	}
 	live := fx.CRD(t)
 	live.Spec = crd.Spec
