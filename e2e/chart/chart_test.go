@@ -11,6 +11,7 @@ package chart
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
+	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
 	"github.com/restow/restow/e2e/scenario"
 	"github.com/restow/restow/internal/cli"
 	"github.com/restow/restow/internal/operator"
@@ -61,8 +63,9 @@ func TestMain(m *testing.M) {
 // with the hook's settings, prepares the ten CRDs side by side; the
 // switch being a release old, no settle window is waited. With the
 // operator started just before the upgrade (installed after release 2),
-// its automatic migrations are under way when prepare starts, and prepare
-// follows them rather than creating its own. The release then applies,
+// prepare starts once the operator has created its automatic
+// StorageMigrations, with passes under way, and follows them: it creates
+// none of its own, and meets no AlreadyExists. The release then applies,
 // half of its CRDs server-side and half client-side, and every object is
 // stored at v1 in etcd and reads as written.
 func TestPrepareAChart(t *testing.T) {
@@ -99,14 +102,17 @@ func prepareChart(t *testing.T, cp *testenv.Env, name string, withOperator bool)
 	if withOperator {
 		// Installed after release 2, with no flag changed: it finds the
 		// ten CRDs' storedVersions listing two versions and migrates each.
+		// Release 3 comes right after: prepare starts once the operator
+		// has created its StorageMigrations, and must follow them.
 		operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig})
+		awaitAutomaticMigrations(t, cp, len(fixtures))
 	}
 	args := append(append([]string{}, hookArgs...), "-f", release, "--kubeconfig="+kubeconfig, "--cache-dir="+filepath.Join(t.TempDir(), "cache"))
 	var out bytes.Buffer
 	began = time.Now()
 	code := cli.Execute(t.Context(), args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &out})
 	took := time.Since(began)
-	t.Logf("kubectl restow %s: exit %d after %s\n%s", strings.Join(args, " "), code, took.Round(time.Millisecond), out.String())
+	t.Logf("prepare exited %d after %s: kubectl restow %s\n%s", code, took.Round(time.Millisecond), strings.Join(args, " "), out.String())
 	if code != 0 || took >= helmTimeout {
 		t.Fatalf("prepare exited %d after %s, want 0 within Helm's %s", code, took, helmTimeout)
 	}
@@ -117,8 +123,9 @@ func prepareChart(t *testing.T, cp *testenv.Env, name string, withOperator bool)
 			t.Errorf("prepare says neither that %s is prepared nor that nothing was left to prepare", fx.CRDName())
 		}
 	}
-	if strings.Contains(out.String(), "AlreadyExists") || strings.Contains(out.String(), "already exists") {
-		t.Errorf("prepare met a StorageMigration it did not adopt")
+	if strings.Contains(out.String(), "AlreadyExists") || strings.Contains(out.String(), "already exists") ||
+		withOperator && strings.Contains(out.String(), "Created StorageMigration") {
+		t.Errorf("prepare did not adopt the operator's StorageMigrations")
 	}
 	for i, fx := range fixtures {
 		if err := applyReleaseThree(t, cp, fx, i%2 == 0); err != nil {
@@ -130,6 +137,29 @@ func prepareChart(t *testing.T, cp *testenv.Env, name string, withOperator bool)
 		fx.AssertStoredVersions(t, "v1")
 		assertReadsAsWritten(t, cp, fx, keys[i])
 	}
+}
+
+// awaitAutomaticMigrations waits until the operator has created its
+// automatic StorageMigration for each of n CRDs, and says how many of them
+// had a pass under way or done.
+func awaitAutomaticMigrations(t *testing.T, cp *testenv.Env, n int) {
+	t.Helper()
+	testenv.WaitProgress(t, "the operator's automatic StorageMigrations", time.Minute, func(ctx context.Context) (bool, string, error) {
+		var sms migrationv1alpha1.StorageMigrationList
+		if err := cp.Client.List(ctx, &sms, client.MatchingLabels{migrationv1alpha1.AutomaticLabel: "true"}); err != nil {
+			return false, "", err
+		}
+		started := 0
+		for _, sm := range sms.Items {
+			if sm.Status.Progress != nil || sm.Status.LastPass != nil {
+				started++
+			}
+		}
+		if len(sms.Items) == n {
+			t.Logf("the operator created %d StorageMigrations; %d with a pass under way or done", n, started)
+		}
+		return len(sms.Items) == n, fmt.Sprintf("%d of %d", len(sms.Items), n), nil
+	})
 }
 
 // releaseTwoApplied installs release 1 of the chart (v1beta1 stored) with
