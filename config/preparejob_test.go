@@ -67,10 +67,6 @@ func TestPrepareJobSamples(t *testing.T) {
 	const n = 300
 	fx.CreateObjects(t, "v1beta1", n, func(i int) map[string]any { return map[string]any{"cronSpec": "* * * * */5", "replicas": int64(i)} }, "prepare-job-a")
 	fx.SwitchStorage(t, "v1")
-	// The switching release was applied ten minutes before.
-	if err := env.AgeStorageSwitch(ctx, fx.CRDName(), 10*time.Minute); err != nil {
-		t.Fatal(err)
-	}
 	// restow's operator as users run it: the manager binary at its
 	// defaults, which migrates by itself.
 	ensureRestowCRD(t)

@@ -62,7 +62,6 @@ func statusProgress(p migrator.Progress) *migrationv1alpha1.PassProgress {
 	}
 	if p.Phase != migrator.PhaseRewriting && !p.SettleUntil.IsZero() {
 		progress.SettleUntil = &metav1.Time{Time: p.SettleUntil}
-		progress.SettleFrom = p.SettleFrom
 	}
 	if p.LagWait > 0 {
 		progress.LagWait = &metav1.Duration{Duration: p.LagWait}
@@ -79,9 +78,6 @@ func statusSummary(target migrator.Target, result migrator.Result, completion ti
 	summary := &migrationv1alpha1.PassSummary{
 		ObjectCounts: statusCounts(result.Counts), StartTime: metav1.NewTime(result.StartTime), CompletionTime: metav1.NewTime(completion),
 		TargetVersion: target.TargetVersion(), PrunedVersions: result.Pruned, Settled: result.Settled,
-	}
-	if result.Settled {
-		summary.SettleFrom = result.SettleFrom
 	}
 	if target.CRD != nil {
 		summary.ServedVersions = target.CRD.ServedVersions

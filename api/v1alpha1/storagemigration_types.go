@@ -431,14 +431,6 @@ type PassProgress struct {
 	// +optional
 	SettleUntil *metav1.Time `json:"settleUntil,omitempty"`
 
-	// settleFrom says what dated the storage switch the settle window counts
-	// from, when the CRD's own managedFields did: a switch older than the
-	// window needs no wait. Absent when the window counts from when every
-	// API server was seen switched.
-	// +kubebuilder:validation:MaxLength=1024
-	// +optional
-	SettleFrom string `json:"settleFrom,omitempty"`
-
 	// crdUID and crdGeneration identify the CRD the pass started on. A pass
 	// resumes only on the same CRD at the same generation; otherwise it
 	// starts over from the first page.
@@ -494,13 +486,6 @@ type PassSummary struct {
 	// known to be stored at targetVersion, rather than rewritten to it.
 	// +optional
 	Settled bool `json:"settled,omitempty"`
-
-	// settleFrom says what dated the storage switch the settle window
-	// counted from, when the CRD's own managedFields did (see
-	// progress.settleFrom).
-	// +kubebuilder:validation:MaxLength=1024
-	// +optional
-	SettleFrom string `json:"settleFrom,omitempty"`
 
 	// targetVersion is the storage version the pass rewrote to.
 	// +kubebuilder:validation:MaxLength=63

@@ -150,7 +150,7 @@ func Follow(ctx context.Context, c client.WithWatch, name string, total int64, u
 			settling = true
 			bar.set(p.Done(), p.Listed)
 			bar.finish()
-			fmt.Fprintf(out, "Settling: every object was rewritten; waiting until %s for writes that began on the old storage%s, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Local().Format(time.TimeOnly), settleFrom(p.SettleFrom))
+			fmt.Fprintf(out, "Settling: every object was rewritten; waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Local().Format(time.TimeOnly))
 		}
 		if settling {
 			return false, nil

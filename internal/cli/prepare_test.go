@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -309,10 +308,6 @@ func TestPrepare(t *testing.T) {
 		fx.Install(t, "v1alpha1", "v1")
 		keys[fx.CRDName()] = fx.CreateObjects(t, "v1alpha1", releaseObjects, rich, "prepare-"+name)
 		fx.SwitchStorage(t, "v1")
-		// The switching release was applied ten minutes before.
-		if err := env.AgeStorageSwitch(t.Context(), fx.CRDName(), 10*time.Minute); err != nil {
-			t.Fatal(err)
-		}
 		widgets{group: fx.Group}.deleteMigrationsAtEnd(t)
 		needing = append(needing, fx)
 	}

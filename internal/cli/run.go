@@ -264,19 +264,10 @@ func runObserver(streams genericiooptions.IOStreams, bar *progress, prunes bool)
 		if p.Phase != phase && p.Phase == migrator.PhaseSettling && prunes {
 			bar.set(p.Done(), p.Listed)
 			bar.finish()
-			fmt.Fprintf(streams.ErrOut, "Settling: waiting until %s for writes that began on the old storage%s, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Format(time.TimeOnly), settleFrom(p.SettleFrom))
+			fmt.Fprintf(streams.ErrOut, "Settling: waiting until %s for writes that began on the old storage, then re-checking what others wrote meanwhile.\n", p.SettleUntil.Format(time.TimeOnly))
 		}
 		phase = p.Phase
 	}
-}
-
-// settleFrom says, where the CRD's own record dated the storage switch,
-// that the settle window counts from it.
-func settleFrom(source string) string {
-	if source == "" {
-		return ""
-	}
-	return " (the window counts from the last storage switch: " + source + ")"
 }
 
 // report says what a pass did: its counts, the objects it could not

@@ -125,11 +125,12 @@ func (e *ControlPlane) SetStorageVersion(ctx context.Context, name, version stri
 }
 
 // AgeStorageSwitch dates every managedFields entry of a CRD back by age,
-// as if the release that last wrote it had been applied age ago: the
-// evidence restow reads to tell a storage switch a release old from one
-// just made. The API server reverts an update that changes timestamps
-// alone, so the same update sets a label, as a field manager of its own
-// that owns nothing in spec.versions.
+// as if the release that last wrote it had been applied age ago, or as
+// kubectl's move from client-side to server-side apply can leave a switch
+// just made: tests show that restow does not take such a date as proof.
+// The API server reverts an update that changes timestamps alone, so the
+// same update sets a label, as a field manager of its own that owns
+// nothing in spec.versions.
 func (e *ControlPlane) AgeStorageSwitch(ctx context.Context, name string, age time.Duration) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		crd := &apiextensionsv1.CustomResourceDefinition{}
@@ -151,20 +152,6 @@ func (e *ControlPlane) AgeStorageSwitch(ctx context.Context, name string, age ti
 		labels["test.restow.dev/aged"] = strconv.FormatInt(time.Now().UnixNano(), 10)
 		crd.SetLabels(labels)
 		return e.Client.Update(ctx, crd, client.FieldOwner("test-clock"))
-	})
-}
-
-// ClearManagedFields strips a CRD's managedFields, as a client that
-// writes a list of one empty entry does: nothing dates its last storage
-// switch then.
-func (e *ControlPlane) ClearManagedFields(ctx context.Context, name string) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := e.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-			return err
-		}
-		crd.ManagedFields = []metav1.ManagedFieldsEntry{{}}
-		return e.Client.Update(ctx, crd)
 	})
 }
 

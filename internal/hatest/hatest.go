@@ -66,11 +66,6 @@ type LagCase struct {
 	// Stalled: the lag outlasts LagLimit, and the migration must stop,
 	// Stalled, naming the server, with nothing written or pruned.
 	Stalled bool
-	// Aged dates the CRD's managedFields ten minutes back right after the
-	// switch, as a release applied long ago would show: the settle window
-	// must still count from the lagging server's switch, since the first
-	// read of the servers showed one that had not switched.
-	Aged bool
 }
 
 // waitCaughtUp ends the lag and waits until the lagging API server (the
@@ -122,11 +117,6 @@ func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 	// this was taken after).
 	switched := time.Now()
 	fx.SwitchStorage(t, "v1")
-	if tc.Aged {
-		if err := ha.AgeStorageSwitch(ctx, fx.CRDName(), 10*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
 	if tc.EndsAfter > 0 {
 		end := time.AfterFunc(tc.EndsAfter, func() { ha.SetWatchLag(0) })
 		t.Cleanup(func() { end.Stop() })
@@ -143,9 +133,6 @@ func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 	observer.AssertNoEarlyPrune(t, true)
 	if !slices.Equal(run.result.Pruned, []string{"v1beta1"}) || run.result.Failed != 0 {
 		t.Errorf("result = %+v, want v1beta1 pruned and no failure", run.result)
-	}
-	if tc.Aged && run.result.SettleFrom != "" {
-		t.Errorf("the settle window counted from the switch's date in managedFields (%s), though an API server had not switched when restow first looked", run.result.SettleFrom)
 	}
 	assertFirstPage(t, tc, run.firstPage.Sub(switched), run.firstPage.Sub(run.start))
 	fx.AssertAllStoredAt(t, "v1", n)

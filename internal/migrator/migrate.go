@@ -186,10 +186,7 @@ type migration struct {
 	// (a compaction past its writes, space.go), or "".
 	waitingForSpace string
 	settleUntil     time.Time
-	// settleFrom says what dated the switch the settle window counts
-	// from, when not the migration's own start (switchdate.go).
-	settleFrom string
-	stopErr    error
+	stopErr         error
 	// switchedBy is when every API server stores at the target version.
 	switchedBy time.Time
 	// switching says what the first pass waits for while it waits for API

@@ -8,7 +8,7 @@ import "time"
 func (mg *migration) result() Result {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	return Result{Counts: mg.cp.Counts, Failures: mg.cp.Failures, StartTime: mg.cp.StartTime, SettleFrom: mg.settleFrom}
+	return Result{Counts: mg.cp.Counts, Failures: mg.cp.Failures, StartTime: mg.cp.StartTime}
 }
 
 // report hands the observer the current progress.
@@ -21,7 +21,7 @@ func (mg *migration) report() {
 func (mg *migration) progress() Progress {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
-	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, Switching: mg.switching, SettleUntil: mg.settleUntil, SettleFrom: mg.settleFrom, WaitingForSlot: mg.waitingForSlot, WaitingForSpace: mg.waitingForSpace}
+	p := Progress{Checkpoint: mg.cp, RemainingEstimate: mg.remaining, Retrying: mg.retryingMsg, SwitchedBy: mg.switchedBy, Switching: mg.switching, SettleUntil: mg.settleUntil, WaitingForSlot: mg.waitingForSlot, WaitingForSpace: mg.waitingForSpace}
 	if mg.pace != nil {
 		p.Concurrency = mg.pace.Limit()
 	}

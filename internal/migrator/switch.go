@@ -112,17 +112,13 @@ func (mg *migration) awaitSwitch(ctx context.Context) error {
 	by, allSwitched, done := mg.switchedBy, mg.cp.AllSwitched, mg.cp.Done()
 	mg.mu.Unlock()
 	until := later(by, mg.cp.StartTime.Add(informerLag))
-	// seen: every API server had switched before the migration looked, so
-	// that the settle window may count from the switch's date (switchdate.go).
-	seen := mg.target.oneServer()
 	if want := mg.target.storageVersionHash(); mg.target.LagWait > 0 && !allSwitched && done == 0 && want != "" && len(mg.target.APIServerAddresses) > 0 && time.Now().Before(by) {
 		var err error
-		if until, seen, err = mg.pollSwitch(ctx, want, by); err != nil {
+		if until, err = mg.pollSwitch(ctx, want, by); err != nil {
 			mg.setSwitching("")
 			return err
 		}
 	}
-	mg.settleFromSwitch(seen)
 	return pace.SleepUntil(ctx, until)
 }
 
@@ -138,19 +134,16 @@ type switchDecision struct {
 
 // pollSwitch reads every API server until each shows the target, or the
 // lag bound covers those restow cannot see, or the lag limit is reached,
-// and returns when every server stores at the target, and whether the
-// first read already showed each one at it.
-func (mg *migration) pollSwitch(ctx context.Context, want string, bound time.Time) (time.Time, bool, error) {
+// and returns when every server stores at the target.
+func (mg *migration) pollSwitch(ctx context.Context, want string, bound time.Time) (time.Time, error) {
 	limit := bound.Add(max(mg.m.lagLimit(), mg.m.lagBound()) - mg.cp.LagWait)
 	state := &switchState{switched: map[string]bool{}, lagging: map[string]time.Time{}}
 	versions := mg.target.knownVersions()
 	polls := 0
 	var decision switchDecision
-	firstAll := false
 	err := wait.PollUntilContextCancel(ctx, switchPoll, true, func(ctx context.Context) (bool, error) {
 		seen := mg.m.readSwitch(ctx, mg.target, want, versions)
 		decision = mg.decideSwitch(ctx, state, seen, bound, limit)
-		firstAll = firstAll || polls == 0 && decision.done && decision.all
 		if polls++; polls%crdCheckPolls == 0 && mg.target.CRD != nil {
 			// The CRD may change while the servers are read: a new
 			// migration starts then, rather than a wait for a version the
@@ -161,7 +154,7 @@ func (mg *migration) pollSwitch(ctx context.Context, want string, bound time.Tim
 		}
 		return mg.applySwitch(decision)
 	})
-	return decision.by, firstAll, err
+	return decision.by, err
 }
 
 // decideSwitch says what one read of every server, seen, decides.

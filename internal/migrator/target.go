@@ -93,9 +93,6 @@ type CRDState struct {
 	ServedVersions  []string
 	// StatusSubresource says whether the storage version has a /status subresource.
 	StatusSubresource bool
-	// Switched dates the last storage switch from the CRD's own record,
-	// by restow's clock (switchdate.go); nil when nothing dates it.
-	Switched *storedversions.SwitchEvidence
 }
 
 // TargetVersion is the version objects are stored at after the pass: the
@@ -363,7 +360,6 @@ func (m *Migrator) resolveCRD(ctx context.Context, crd *apiextensionsv1.CustomRe
 			state.StatusSubresource = v.Subresources != nil && v.Subresources.Status != nil
 		}
 	}
-	state.Switched = m.switchDate(ctx, crd)
 	// One API server has switched; the others may follow up to the lag
 	// bound later.
 	lagWait, servers, err := m.lagWait(ctx)

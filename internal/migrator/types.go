@@ -236,10 +236,6 @@ type Progress struct {
 	Switching string
 	// SettleUntil is when the settle window ends.
 	SettleUntil time.Time
-	// SettleFrom says what dated the storage switch the settle window
-	// counts from, when the CRD's own record did (switchdate.go); "" when
-	// it counts from when every API server was seen switched.
-	SettleFrom string
 	// Concurrency is the pace: how many rewrites the pass has in flight
 	// at most now.
 	Concurrency int
@@ -268,8 +264,6 @@ type Result struct {
 	Settled bool
 	// StartTime is when the migration began (for a resumed one, the first start).
 	StartTime time.Time
-	// SettleFrom is Progress.SettleFrom at the end.
-	SettleFrom string
 	// EncryptionMoved, for a target with an Encryption state, says how the
 	// API servers' encryption state differed from it when the pass ended,
 	// or that it could not be read: the pass may have written some objects

@@ -22,9 +22,7 @@ func TestMain(m *testing.M) { hatest.Main(m) }
 // after the lag, before the lag bound when the lag is shorter, and held
 // back past the bound while the server still lags, up to the lag limit,
 // where it stops Stalled with nothing written or pruned. No case prunes
-// early (read from etcd throughout), also where managedFields date the
-// switch long ago: a server that had not switched when restow first looked
-// keeps the settle window counted from its switch.
+// early (read from etcd throughout).
 func TestMigrateKnowingEachAPIServer(t *testing.T) {
 	ha := testenv.Start(t, testenv.Options{APIServers: 2, OwnAddresses: true, LaggingAPIServer: true,
 		APIServerArgs: map[string]string{"goaway-chance": "0.02"}})
@@ -37,7 +35,7 @@ func TestMigrateKnowingEachAPIServer(t *testing.T) {
 	t.Run("8s late", func(t *testing.T) {
 		hatest.MigrateBehindLag(t, ha, hatest.LagCase{
 			Group: "late8.hatest.restow.dev", Lag: 8 * time.Second, LagBound: 30 * time.Second,
-			Servers: 2, Addresses: 2, Knows: true, Says: []string{lagging + " stores at v1beta1 (since"}, Aged: true,
+			Servers: 2, Addresses: 2, Knows: true, Says: []string{lagging + " stores at v1beta1 (since"},
 		})
 	})
 	t.Run("45s late, past the bound", func(t *testing.T) {
