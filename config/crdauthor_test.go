@@ -252,12 +252,19 @@ func TestCRDAuthorPrepareHook(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm upgrade to 3.0.0 with the hooks: %v; the hooks ran %+v", err, runs)
 	}
-	// The operator's own migration is under way when the hook starts, or
-	// already over: prepare follows it, or finds nothing left to do.
+	// The operator's settle window (2 minutes) outlasts the hook's start:
+	// prepare hands the migration to it, or follows the one it began.
 	prep := runs[name+"-restow-prepare"]
-	if !strings.Contains(prep.out, crdName+": prepared: status.storedVersions lists v1 alone; the apply passes") &&
-		!strings.Contains(prep.out, crdName+": ok, nothing to prepare") || strings.Contains(prep.out, "already exists") {
-		t.Errorf("the prepare hook neither followed the operator's migration nor found it done:\n%s", prep.out)
+	for _, want := range []string{
+		crdName + ": the restow operator migrates it",
+		crdName + ": prepared: status.storedVersions lists v1 alone; the apply passes",
+	} {
+		if !strings.Contains(prep.out, want) {
+			t.Errorf("the prepare hook's output lacks %q", want)
+		}
+	}
+	if strings.Contains(prep.out, "already exists") {
+		t.Errorf("the prepare hook met a StorageMigration it did not adopt:\n%s", prep.out)
 	}
 	if prep.code != 0 || runs[name+"-restow-run"].code != 0 {
 		t.Errorf("the hooks exited %d (prepare) and %d (run), want 0", prep.code, runs[name+"-restow-run"].code)
@@ -826,7 +833,7 @@ func readChartFile(t *testing.T, path string) []byte {
 // authorChart writes the chart a CRD author ships, as a directory, and loads
 // it as `helm install ./crontab-operator` does: the CRD in files/, which a
 // template includes (Helm never upgrades the CRDs of crds/, and the prepare
-// hook reads the versions from files/), and, with hooks, the files of
+// hook's ConfigMap carries it from files/), and, with hooks, the files of
 // config/samples/crd-author as they are.
 func authorChart(t *testing.T, version string, crd []byte, hooks bool) *chart.Chart {
 	t.Helper()
