@@ -66,7 +66,10 @@ func TestMain(m *testing.M) {
 // restow's operator at its defaults from v1.3.0 on, v1.9.1 needs no
 // preparing.
 func TestFluxSourceControllerReleases(t *testing.T) {
+	// Each case has a control plane of its own and mostly waits out a
+	// settle window: they run side by side.
 	t.Run("v1.3.0 to v1.6.0 to v1.9.1 without restow", func(t *testing.T) {
+		t.Parallel()
 		cp := testenv.Start(t, testenv.Options{})
 		installed(t, cp)
 		upgrade(t, cp, true)
@@ -77,6 +80,7 @@ func TestFluxSourceControllerReleases(t *testing.T) {
 		t.Logf("v1.9.1 without restow: %v", err)
 	})
 	t.Run("v1.3.0 to v1.6.0 to v1.9.1 with prepare", func(t *testing.T) {
+		t.Parallel()
 		cp := testenv.Start(t, testenv.Options{})
 		objects := installed(t, cp)
 		upgrade(t, cp, false)
@@ -100,6 +104,7 @@ func TestFluxSourceControllerReleases(t *testing.T) {
 		assertReadsAsBefore(t, cp, objects, before)
 	})
 	t.Run("a rollback from v1.6.0 to v1.3.0", func(t *testing.T) {
+		t.Parallel()
 		cp := testenv.Start(t, testenv.Options{})
 		objects := installed(t, cp)
 		upgrade(t, cp, false)
@@ -114,6 +119,7 @@ func TestFluxSourceControllerReleases(t *testing.T) {
 		rollback(t, cp, objects)
 	})
 	t.Run("restow's operator at its defaults from v1.3.0 on", func(t *testing.T) {
+		t.Parallel()
 		cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}})
 		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 		if err := cp.WriteKubeconfig(kubeconfig); err != nil {
