@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -186,14 +185,7 @@ func releaseTwoApplied(t *testing.T, cp *testenv.Env, name string, perCRD int) (
 // docs/benchmarks.md measures, alone) made the passes outlast the hook's
 // --timeout.
 func objectsPerCRD(t *testing.T) int {
-	if s := os.Getenv("RESTOW_E2E_CHART_OBJECTS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("RESTOW_E2E_CHART_OBJECTS=%q: want a positive number", s)
-		}
-		return n
-	}
-	return 500
+	return scenario.CountFromEnv(t, "RESTOW_E2E_CHART_OBJECTS", 500, 1)
 }
 
 // spec is object i's spec.

@@ -58,14 +58,22 @@ func Main(m *testing.M, env **testenv.Env) {
 // ObjectCount is the number of objects per scenario: RESTOW_E2E_OBJECTS, by
 // default 5,000.
 func ObjectCount(t *testing.T) int {
-	if s := os.Getenv("RESTOW_E2E_OBJECTS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 100 {
-			t.Fatalf("RESTOW_E2E_OBJECTS=%q: want a number of at least 100", s)
-		}
-		return n
+	return CountFromEnv(t, "RESTOW_E2E_OBJECTS", 5000, 100)
+}
+
+// CountFromEnv is the number the environment variable name gives, at least
+// least, or def when it is unset.
+func CountFromEnv(t *testing.T, name string, def, least int) int {
+	t.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
 	}
-	return 5000
+	n, err := strconv.Atoi(s)
+	if err != nil || n < least {
+		t.Fatalf("%s=%q: want a number of at least %d", name, s, least)
+	}
+	return n
 }
 
 // Scenario is one CRD with objects at v1beta1, the managers that migrate it,
