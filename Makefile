@@ -111,6 +111,7 @@ verify: generate manifests api-docs ## Regenerate, check formatting and go.mod, 
 	  if [ -n "$$unformatted" ]; then echo "gofmt -s would change:"; echo "$$unformatted"; exit 1; fi
 	go mod tidy
 	cd hack/controlplane && go mod tidy
+	cd hack/fluxcontroller && go mod tidy
 	@if [ -n "$$(git status --porcelain)" ]; then \
 	  echo "The tree is not clean after regenerating (run make generate manifests api-docs and go mod tidy, then commit):"; \
 	  git status --porcelain; git --no-pager diff --stat; exit 1; fi
@@ -162,6 +163,23 @@ test-e2e: envtest-assets $(GOTESTSUM) ## Run the end-to-end suite: the manager b
 	@mkdir -p $(TEST_REPORTS)
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) $(GOTESTSUM) --format standard-verbose \
 	  --jsonfile-timing-events $(TEST_REPORTS)/e2e.json -- -tags e2e $(E2E_FLAGS) ./e2e/...
+
+# Flux's kustomize-controller, built from its Go module (hack/fluxcontroller)
+# for make test-gitops only: its build takes minutes the CI run does not
+# have, so that target runs once per change to what it covers, and is
+# reported (docs/development.md).
+KUSTOMIZE_CONTROLLER_VERSION ?= $(shell cd hack/fluxcontroller && go list -m -f '{{.Version}}' github.com/fluxcd/kustomize-controller)
+KUSTOMIZE_CONTROLLER ?= $(LOCALBIN)/kustomize-controller-$(KUSTOMIZE_CONTROLLER_VERSION)
+$(KUSTOMIZE_CONTROLLER):
+	@mkdir -p $(LOCALBIN)
+	cd hack/fluxcontroller && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $@.tmp github.com/fluxcd/kustomize-controller
+	mv $@.tmp $@
+
+.PHONY: test-gitops
+test-gitops: envtest-assets test-manager $(KUSTOMIZE_CONTROLLER) $(GOTESTSUM) ## Run the GitOps suite: Flux's kustomize-controller (built from source) applying releases beside restow.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) RESTOW_MANAGER_BINARY=$(TEST_MANAGER) RESTOW_KUSTOMIZE_CONTROLLER=$(KUSTOMIZE_CONTROLLER) \
+	  RESTOW_KUSTOMIZE_CRDS=$$(cd hack/fluxcontroller && go list -m -f '{{.Dir}}' github.com/fluxcd/kustomize-controller)/config/crd/bases \
+	  $(GOTESTSUM) --format standard-verbose -- -tags e2e,gitops -count=1 -timeout 30m -v ./e2e/gitops/...
 
 # Where make test-integration and make test-e2e record every test's time.
 TEST_REPORTS ?= $(LOCALBIN)/test-reports

@@ -45,19 +45,19 @@ func TestMain(m *testing.M) {
 // schemas allow, and prepare blocks it.
 func TestFluxSourceControllerReleases(t *testing.T) {
 	t.Parallel()
-	c := fluxSource
+	c := scenario.FluxSourceController
 	upgrades(t, c)
 	t.Run("a rollback from v1.6.0 to v1.3.0", func(t *testing.T) {
 		t.Parallel()
 		cp := testenv.Start(t, testenv.Options{})
-		objects := c.installed(t, cp)
-		c.upgrade(t, cp, false)
-		if out, code, _ := restow(t, cp, append([]string{"prepare", "-f", c.crdDir(c.third)}, hookArgs...)...); code != 0 {
-			t.Fatalf("prepare for %s exited %d:\n%s", c.third, code, out)
+		objects := c.Installed(t, cp)
+		c.Upgrade(t, cp, false)
+		if out, code, _ := restow(t, cp, append([]string{"prepare", "-f", c.CRDDir(c.Third)}, hookArgs...)...); code != 0 {
+			t.Fatalf("prepare for %s exited %d:\n%s", c.Third, code, out)
 		}
-		err := c.applyRelease(t, cp, c.first, true)
+		err := c.ApplyRelease(t, cp, c.First, true)
 		if err == nil || !strings.Contains(err.Error(), "missing from spec.versions") {
-			t.Fatalf("the rollback to %s applied: %v, want the API server's refusal", c.first, err)
+			t.Fatalf("the rollback to %s applied: %v, want the API server's refusal", c.First, err)
 		}
 		t.Logf("the rollback without restow: %v", err)
 		rollback(t, cp, c, objects)
@@ -70,53 +70,53 @@ func TestFluxSourceControllerReleases(t *testing.T) {
 // Gateway and HTTPRoute.
 func TestGatewayAPIReleases(t *testing.T) {
 	t.Parallel()
-	upgrades(t, gatewayAPI)
+	upgrades(t, scenario.GatewayAPI)
 }
 
 // upgrades applies c's releases one after another, as the project's users
 // do. The third is refused while status.storedVersions lists a version it
 // drops; kubectl restow prepare, with the hook's settings, prepares it,
-// and every object reads as before. With restow's operator at its defaults
+// and every Object reads as before. With restow's operator at its defaults
 // from the first release on, the third needs no preparing. Each case has a
 // control plane of its own and mostly waits out a settle window: they run
 // side by side.
-func upgrades(t *testing.T, c releaseChain) {
-	t.Run(fmt.Sprintf("%s to %s to %s without restow", c.first, c.second, c.third), func(t *testing.T) {
+func upgrades(t *testing.T, c scenario.ReleaseChain) {
+	t.Run(fmt.Sprintf("%s to %s to %s without restow", c.First, c.Second, c.Third), func(t *testing.T) {
 		t.Parallel()
 		cp := testenv.Start(t, testenv.Options{})
-		c.installed(t, cp)
-		c.upgrade(t, cp, true)
-		err := c.applyRelease(t, cp, c.third, true)
+		c.Installed(t, cp)
+		c.Upgrade(t, cp, true)
+		err := c.ApplyRelease(t, cp, c.Third, true)
 		if err == nil || !strings.Contains(err.Error(), "missing from spec.versions") {
-			t.Fatalf("%s applied: %v, want the API server's refusal", c.third, err)
+			t.Fatalf("%s applied: %v, want the API server's refusal", c.Third, err)
 		}
-		t.Logf("%s without restow: %v", c.third, err)
+		t.Logf("%s without restow: %v", c.Third, err)
 	})
-	t.Run(fmt.Sprintf("%s to %s to %s with prepare", c.first, c.second, c.third), func(t *testing.T) {
+	t.Run(fmt.Sprintf("%s to %s to %s with prepare", c.First, c.Second, c.Third), func(t *testing.T) {
 		t.Parallel()
 		cp := testenv.Start(t, testenv.Options{})
-		objects := c.installed(t, cp)
-		c.upgrade(t, cp, false)
-		before := c.readAll(t, cp, objects)
-		out, code, took := restow(t, cp, append([]string{"prepare", "-f", c.crdDir(c.third)}, hookArgs...)...)
+		objects := c.Installed(t, cp)
+		c.Upgrade(t, cp, false)
+		before := c.ReadAll(t, cp, objects)
+		out, code, took := restow(t, cp, append([]string{"prepare", "-f", c.CRDDir(c.Third)}, hookArgs...)...)
 		if code != 0 || took >= 4*time.Minute {
 			t.Fatalf("prepare exited %d after %s, want 0 within the hook's --timeout", code, took)
 		}
-		for _, name := range c.prepared {
+		for _, name := range c.Prepared {
 			if want := name + ": prepared"; !strings.Contains(out, want) {
 				t.Errorf("prepare's output lacks %q", want)
 			}
 		}
-		if err := c.applyRelease(t, cp, c.third, true); err != nil {
-			t.Fatalf("%s after prepare, server-side: %v", c.third, err)
+		if err := c.ApplyRelease(t, cp, c.Third, true); err != nil {
+			t.Fatalf("%s after prepare, server-side: %v", c.Third, err)
 		}
-		if err := c.applyRelease(t, cp, c.third, false); err != nil {
-			t.Fatalf("%s after prepare, client-side: %v", c.third, err)
+		if err := c.ApplyRelease(t, cp, c.Third, false); err != nil {
+			t.Fatalf("%s after prepare, client-side: %v", c.Third, err)
 		}
-		c.assertStored(t, cp, objects)
-		c.assertReadsAsBefore(t, cp, objects, before)
+		c.AssertStored(t, cp, objects)
+		c.AssertReadsAsBefore(t, cp, objects, before)
 	})
-	t.Run(fmt.Sprintf("restow's operator at its defaults from %s on", c.first), func(t *testing.T) {
+	t.Run(fmt.Sprintf("restow's operator at its defaults from %s on", c.First), func(t *testing.T) {
 		t.Parallel()
 		cp := testenv.Start(t, testenv.Options{CRDDirectoryPaths: []string{scenario.CRDDirectory}})
 		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
@@ -124,17 +124,17 @@ func upgrades(t *testing.T, c releaseChain) {
 			t.Fatal(err)
 		}
 		operator.StartProcess(t, operator.ProcessOptions{Kubeconfig: kubeconfig})
-		objects := c.installed(t, cp)
-		c.upgrade(t, cp, true)
-		c.awaitMigrated(t, cp)
-		out, code, _ := restow(t, cp, "preflight", "-f", c.crdDir(c.third))
+		objects := c.Installed(t, cp)
+		c.Upgrade(t, cp, true)
+		c.AwaitMigrated(t, cp)
+		out, code, _ := restow(t, cp, "preflight", "-f", c.CRDDir(c.Third))
 		if code != 0 || strings.Contains(out, "needs prepare") {
-			t.Errorf("preflight of %s exited %d, want 0: the operator migrated every CRD by itself\n%s", c.third, code, out)
+			t.Errorf("preflight of %s exited %d, want 0: the operator migrated every CRD by itself\n%s", c.Third, code, out)
 		}
-		if err := c.applyRelease(t, cp, c.third, true); err != nil {
-			t.Fatalf("%s with the operator: %v", c.third, err)
+		if err := c.ApplyRelease(t, cp, c.Third, true); err != nil {
+			t.Fatalf("%s with the operator: %v", c.Third, err)
 		}
-		c.assertStored(t, cp, objects)
+		c.AssertStored(t, cp, objects)
 	})
 }
 
@@ -142,11 +142,11 @@ func upgrades(t *testing.T, c releaseChain) {
 // OCIRepositories would be v1beta2, and v1.3.0's own schema of v1beta2
 // lacks fields that v1.6.0's schemas allow (spec.proxySecretRef among
 // them): no sample sets one, so only the comparison of the schemas sees
-// that an object written with one would lose it. prepare blocks both,
+// that an Object written with one would lose it. prepare blocks both,
 // naming the field, and changes nothing; the rollback stays refused.
-func rollback(t *testing.T, cp *testenv.Env, c releaseChain, objects []object) {
-	revisions := c.crdRevisions(t, cp)
-	out, code, took := restow(t, cp, append([]string{"prepare", "-f", c.crdDir(c.first)}, hookArgs...)...)
+func rollback(t *testing.T, cp *testenv.Env, c scenario.ReleaseChain, objects []scenario.Object) {
+	revisions := c.CRDRevisions(t, cp)
+	out, code, took := restow(t, cp, append([]string{"prepare", "-f", c.CRDDir(c.First)}, hookArgs...)...)
 	t.Logf("prepare for the rollback: exit %d after %s", code, took.Round(time.Millisecond))
 	if code != cli.ExitBlocked {
 		t.Fatalf("prepare for the rollback exited %d, want %d", code, cli.ExitBlocked)
@@ -160,15 +160,15 @@ func rollback(t *testing.T, cp *testenv.Env, c releaseChain, objects []object) {
 			t.Errorf("prepare's output lacks %q", want)
 		}
 	}
-	for name, rv := range c.crdRevisions(t, cp) {
+	for name, rv := range c.CRDRevisions(t, cp) {
 		if rv != revisions[name] {
 			t.Errorf("prepare wrote %s: resourceVersion %s, then %s", name, revisions[name], rv)
 		}
 	}
-	if err := c.applyRelease(t, cp, c.first, true); err == nil {
+	if err := c.ApplyRelease(t, cp, c.First, true); err == nil {
 		t.Errorf("the rollback applied though prepare blocked it")
 	}
-	c.assertStored(t, cp, objects)
+	c.AssertStored(t, cp, objects)
 }
 
 // restow runs kubectl-restow with args against cp.

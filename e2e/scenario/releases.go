@@ -1,6 +1,6 @@
 //go:build e2e
 
-package releases
+package scenario
 
 import (
 	"context"
@@ -24,50 +24,50 @@ import (
 	"github.com/restow/restow/internal/testenv"
 )
 
-// releaseChain is a project's CRDs over three of its releases: the first
+// ReleaseChain is a project's CRDs over three of its releases: the first
 // stores at old versions, the second switches storage and still serves
 // them, the third drops them.
-type releaseChain struct {
+type ReleaseChain struct {
 	// dir holds a directory per release tag, each with crds/ and, for the
 	// first, samples/.
-	dir string
+	Dir string
 	// group is the API group of the project's CRDs.
-	group string
+	Group string
 	// first, second and third are the release tags in order.
-	first, second, third string
+	First, Second, Third string
 	// namespace holds the namespaced samples.
-	namespace string
+	Namespace string
 	// copies of each sample are written, so that a pass has work to do.
-	copies int
+	Copies int
 	// prepared are the CRDs prepare must prepare for the third release.
-	prepared []string
+	Prepared []string
 }
 
-// fluxSource is Flux's source-controller: Buckets and OCIRepositories
+// FluxSourceController is Flux's source-controller: Buckets and OCIRepositories
 // stored at v1beta2 in v1.3.0, switched to v1 in v1.6.0, v1 alone in
 // v1.9.1.
-var fluxSource = releaseChain{
-	dir: "testdata/fluxcd-source-controller", group: "source.toolkit.fluxcd.io",
-	first: "v1.3.0", second: "v1.6.0", third: "v1.9.1",
-	namespace: "flux-system", copies: 200,
-	prepared: []string{"buckets.source.toolkit.fluxcd.io", "ocirepositories.source.toolkit.fluxcd.io"},
+var FluxSourceController = ReleaseChain{
+	Dir: "../releases/testdata/fluxcd-source-controller", Group: "source.toolkit.fluxcd.io",
+	First: "v1.3.0", Second: "v1.6.0", Third: "v1.9.1",
+	Namespace: "flux-system", Copies: 200,
+	Prepared: []string{"buckets.source.toolkit.fluxcd.io", "ocirepositories.source.toolkit.fluxcd.io"},
 }
 
-// gatewayAPI is Kubernetes' Gateway API (standard channel): GatewayClasses,
+// GatewayAPI is Kubernetes' Gateway API (standard channel): GatewayClasses,
 // Gateways and HTTPRoutes stored at v1alpha2 in v0.5.1, switched to
 // v1beta1 in v0.6.2 (which adds ReferenceGrants at v1alpha2), v1alpha2
 // dropped from the three in v1.0.0.
-var gatewayAPI = releaseChain{
-	dir: "testdata/gateway-api", group: "gateway.networking.k8s.io",
-	first: "v0.5.1", second: "v0.6.2", third: "v1.0.0",
-	namespace: "gateway-conformance", copies: 50,
-	prepared: []string{
+var GatewayAPI = ReleaseChain{
+	Dir: "../releases/testdata/gateway-api", Group: "gateway.networking.k8s.io",
+	First: "v0.5.1", Second: "v0.6.2", Third: "v1.0.0",
+	Namespace: "gateway-conformance", Copies: 50,
+	Prepared: []string{
 		"gatewayclasses.gateway.networking.k8s.io", "gateways.gateway.networking.k8s.io", "httproutes.gateway.networking.k8s.io",
 	},
 }
 
-// object is one of the samples written.
-type object struct {
+// Object is one of the samples a ReleaseChain wrote.
+type Object struct {
 	crd        string
 	kind       string
 	plural     string
@@ -75,19 +75,19 @@ type object struct {
 	namespaced bool
 }
 
-// crdDir is where release tag's CRDs are.
-func (c releaseChain) crdDir(tag string) string { return filepath.Join(c.dir, tag, "crds") }
+// CRDDir is where release tag's CRDs are.
+func (c ReleaseChain) CRDDir(tag string) string { return filepath.Join(c.Dir, tag, "crds") }
 
-// crds reads release tag's CRDs.
-func (c releaseChain) crds(t *testing.T, tag string) []*apiextensionsv1.CustomResourceDefinition {
+// CRDs reads release tag's CRDs.
+func (c ReleaseChain) CRDs(t *testing.T, tag string) []*apiextensionsv1.CustomResourceDefinition {
 	t.Helper()
-	entries, err := os.ReadDir(c.crdDir(tag))
+	entries, err := os.ReadDir(c.CRDDir(tag))
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := make([]*apiextensionsv1.CustomResourceDefinition, 0, len(entries))
 	for _, e := range entries {
-		raw, err := os.ReadFile(filepath.Join(c.crdDir(tag), e.Name()))
+		raw, err := os.ReadFile(filepath.Join(c.CRDDir(tag), e.Name()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,11 +100,11 @@ func (c releaseChain) crds(t *testing.T, tag string) []*apiextensionsv1.CustomRe
 	return out
 }
 
-// storage is the storage version of each CRD in release tag.
-func (c releaseChain) storage(t *testing.T, tag string) map[string]string {
+// Storage is the storage version of each CRD in release tag.
+func (c ReleaseChain) Storage(t *testing.T, tag string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, crd := range c.crds(t, tag) {
+	for _, crd := range c.CRDs(t, tag) {
 		for _, v := range crd.Spec.Versions {
 			if v.Storage {
 				out[crd.Name] = v.Name
@@ -114,12 +114,12 @@ func (c releaseChain) storage(t *testing.T, tag string) map[string]string {
 	return out
 }
 
-// applyRelease applies release tag's CRDs server-side, as `kubectl apply
+// ApplyRelease applies release tag's CRDs server-side, as `kubectl apply
 // --server-side` and Flux's own install do, or client-side (an update of
 // the whole spec), and waits until each is established.
-func (c releaseChain) applyRelease(t *testing.T, cp *testenv.Env, tag string, serverSide bool) error {
+func (c ReleaseChain) ApplyRelease(t *testing.T, cp *testenv.Env, tag string, serverSide bool) error {
 	t.Helper()
-	releaseCRDs := c.crds(t, tag)
+	releaseCRDs := c.CRDs(t, tag)
 	errs := make([]error, 0, len(releaseCRDs))
 	for _, crd := range releaseCRDs {
 		var err error
@@ -149,13 +149,13 @@ func (c releaseChain) applyRelease(t *testing.T, cp *testenv.Env, tag string, se
 	return errors.Join(errs...)
 }
 
-// samples reads the project's example objects of the first release, every
+// Samples reads the project's example objects of the first release, every
 // document of every file under its samples/, less those of kinds it has no
 // CRD for (the examples' Namespaces).
-func (c releaseChain) samples(t *testing.T) []*unstructured.Unstructured {
+func (c ReleaseChain) Samples(t *testing.T) []*unstructured.Unstructured {
 	t.Helper()
 	var out []*unstructured.Unstructured
-	err := filepath.WalkDir(filepath.Join(c.dir, c.first, "samples"), func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(filepath.Join(c.Dir, c.First, "samples"), func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -168,7 +168,7 @@ func (c releaseChain) samples(t *testing.T) []*unstructured.Unstructured {
 			if err := yaml.Unmarshal([]byte(doc), &sample.Object); err != nil {
 				return fmt.Errorf("%s: %w", path, err)
 			}
-			if strings.HasPrefix(sample.GetAPIVersion(), c.group+"/") {
+			if strings.HasPrefix(sample.GetAPIVersion(), c.Group+"/") {
 				out = append(out, sample)
 			}
 		}
@@ -180,31 +180,37 @@ func (c releaseChain) samples(t *testing.T) []*unstructured.Unstructured {
 	return out
 }
 
-// installed applies the first release of the chain and writes c.copies of
-// each of its samples, the namespaced ones in c.namespace.
-func (c releaseChain) installed(t *testing.T, cp *testenv.Env) []object {
+// Installed applies the first release of the chain and writes its samples.
+func (c ReleaseChain) Installed(t *testing.T, cp *testenv.Env) []Object {
 	t.Helper()
-	if err := c.applyRelease(t, cp, c.first, true); err != nil {
+	if err := c.ApplyRelease(t, cp, c.First, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := cp.EnsureNamespaces(t.Context(), c.namespace); err != nil {
+	return c.WriteSamples(t, cp)
+}
+
+// WriteSamples writes c.Copies of each sample of the first release, the
+// namespaced ones in c.Namespace.
+func (c ReleaseChain) WriteSamples(t *testing.T, cp *testenv.Env) []Object {
+	t.Helper()
+	if err := cp.EnsureNamespaces(t.Context(), c.Namespace); err != nil {
 		t.Fatal(err)
 	}
 	byKind := map[string]*apiextensionsv1.CustomResourceDefinition{}
-	for _, crd := range c.crds(t, c.first) {
+	for _, crd := range c.CRDs(t, c.First) {
 		byKind[crd.Spec.Names.Kind] = crd
 	}
-	samples := c.samples(t)
-	objects := make([]object, 0, c.copies*len(samples))
+	samples := c.Samples(t)
+	objects := make([]Object, 0, c.Copies*len(samples))
 	for n, sample := range samples {
 		crd := byKind[sample.GetKind()]
 		namespaced := crd.Spec.Scope == apiextensionsv1.NamespaceScoped
 		name := func(i int) string { return fmt.Sprintf("%s-%02d-%03d", sample.GetName(), n, i) }
-		err := cp.CreateObjects(t.Context(), c.copies, func(i int) client.Object {
+		err := cp.CreateObjects(t.Context(), c.Copies, func(i int) client.Object {
 			o := sample.DeepCopy()
 			o.SetNamespace("")
 			if namespaced {
-				o.SetNamespace(c.namespace)
+				o.SetNamespace(c.Namespace)
 			}
 			o.SetName(name(i))
 			return o
@@ -212,33 +218,33 @@ func (c releaseChain) installed(t *testing.T, cp *testenv.Env) []object {
 		if err != nil {
 			t.Fatalf("writing the sample %s %s: %v", sample.GetKind(), sample.GetName(), err)
 		}
-		for i := range c.copies {
-			objects = append(objects, object{crd: crd.Name, kind: crd.Spec.Names.Kind, plural: crd.Spec.Names.Plural, name: name(i), namespaced: namespaced})
+		for i := range c.Copies {
+			objects = append(objects, Object{crd: crd.Name, kind: crd.Spec.Names.Kind, plural: crd.Spec.Names.Plural, name: name(i), namespaced: namespaced})
 		}
 	}
 	if len(objects) == 0 {
-		t.Fatal("no object written")
+		t.Fatal("no Object written")
 	}
 	return objects
 }
 
-// upgrade applies the second release of the chain, which switches the
+// Upgrade applies the second release of the chain, which switches the
 // storage version and which the API server must accept.
-func (c releaseChain) upgrade(t *testing.T, cp *testenv.Env, serverSide bool) {
+func (c ReleaseChain) Upgrade(t *testing.T, cp *testenv.Env, serverSide bool) {
 	t.Helper()
-	if err := c.applyRelease(t, cp, c.second, serverSide); err != nil {
-		t.Fatalf("%s: %v", c.second, err)
+	if err := c.ApplyRelease(t, cp, c.Second, serverSide); err != nil {
+		t.Fatalf("%s: %v", c.Second, err)
 	}
 }
 
-// key names an object read at a version.
-type key struct{ crd, name, version string }
+// ReadKey names an object read at a version.
+type ReadKey struct{ crd, name, version string }
 
-// readAll reads every object at every version its CRD serves now.
-func (c releaseChain) readAll(t *testing.T, cp *testenv.Env, objects []object) map[key]any {
+// ReadAll reads every object at every version its CRD serves now.
+func (c ReleaseChain) ReadAll(t *testing.T, cp *testenv.Env, objects []Object) map[ReadKey]any {
 	t.Helper()
-	read := map[key]any{}
-	for _, crd := range c.crdsLive(t, cp) {
+	read := map[ReadKey]any{}
+	for _, crd := range c.CRDsLive(t, cp) {
 		for _, v := range crd.Spec.Versions {
 			if !v.Served {
 				continue
@@ -248,28 +254,28 @@ func (c releaseChain) readAll(t *testing.T, cp *testenv.Env, objects []object) m
 			list.SetKind(crd.Spec.Names.ListKind)
 			var opts []client.ListOption
 			if crd.Spec.Scope == apiextensionsv1.NamespaceScoped {
-				opts = append(opts, client.InNamespace(c.namespace))
+				opts = append(opts, client.InNamespace(c.Namespace))
 			}
 			if err := cp.Client.List(t.Context(), list, opts...); err != nil {
 				t.Fatalf("listing %s at %s: %v", crd.Name, v.Name, err)
 			}
 			for _, o := range list.Items {
-				read[key{crd.Name, o.GetName(), v.Name}] = o.Object["spec"]
+				read[ReadKey{crd.Name, o.GetName(), v.Name}] = o.Object["spec"]
 			}
 		}
 	}
 	if n := len(objects); n == 0 {
-		t.Fatal("no object written")
+		t.Fatal("no Object written")
 	}
 	return read
 }
 
-// assertReadsAsBefore reads every object at every version served now and
+// AssertReadsAsBefore reads every object at every version served now and
 // compares each read with the one at the same version before; every
 // object must be read at least once at a version served before and after.
-func (c releaseChain) assertReadsAsBefore(t *testing.T, cp *testenv.Env, objects []object, before map[key]any) {
+func (c ReleaseChain) AssertReadsAsBefore(t *testing.T, cp *testenv.Env, objects []Object, before map[ReadKey]any) {
 	t.Helper()
-	after := c.readAll(t, cp, objects)
+	after := c.ReadAll(t, cp, objects)
 	type id struct{ crd, name string }
 	compared := map[id]bool{}
 	for k, spec := range after {
@@ -289,17 +295,17 @@ func (c releaseChain) assertReadsAsBefore(t *testing.T, cp *testenv.Env, objects
 	}
 }
 
-// assertStored reads every object from etcd: each must be stored at its
+// AssertStored reads every object from etcd: each must be stored at its
 // CRD's storage version in the second release, and status.storedVersions
 // of its CRD list that version alone.
-func (c releaseChain) assertStored(t *testing.T, cp *testenv.Env, objects []object) {
+func (c ReleaseChain) AssertStored(t *testing.T, cp *testenv.Env, objects []Object) {
 	t.Helper()
-	storage := c.storage(t, c.second)
+	storage := c.Storage(t, c.Second)
 	counts := map[string]int{}
 	fixtures := map[string]testenv.Fixture{}
 	for _, o := range objects {
 		counts[o.crd]++
-		fixtures[o.crd] = testenv.Fixture{Env: cp, Group: c.group, Kind: o.kind, Plural: o.plural, Namespaced: o.namespaced}
+		fixtures[o.crd] = testenv.Fixture{Env: cp, Group: c.Group, Kind: o.kind, Plural: o.plural, Namespaced: o.namespaced}
 	}
 	for name, fx := range fixtures {
 		fx.AssertAllStoredAt(t, storage[name], counts[name])
@@ -307,37 +313,37 @@ func (c releaseChain) assertStored(t *testing.T, cp *testenv.Env, objects []obje
 	}
 }
 
-// crdsLive reads the project's CRDs as they are.
-func (c releaseChain) crdsLive(t *testing.T, cp *testenv.Env) []apiextensionsv1.CustomResourceDefinition {
+// CRDsLive reads the project's CRDs as they are.
+func (c ReleaseChain) CRDsLive(t *testing.T, cp *testenv.Env) []apiextensionsv1.CustomResourceDefinition {
 	t.Helper()
 	var list apiextensionsv1.CustomResourceDefinitionList
 	if err := cp.Client.List(t.Context(), &list); err != nil {
 		t.Fatal(err)
 	}
 	return slices.DeleteFunc(list.Items, func(crd apiextensionsv1.CustomResourceDefinition) bool {
-		return crd.Spec.Group != c.group
+		return crd.Spec.Group != c.Group
 	})
 }
 
-// crdRevisions are the CRDs' resourceVersions.
-func (c releaseChain) crdRevisions(t *testing.T, cp *testenv.Env) map[string]string {
+// CRDRevisions are the CRDs' resourceVersions.
+func (c ReleaseChain) CRDRevisions(t *testing.T, cp *testenv.Env) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, crd := range c.crdsLive(t, cp) {
+	for _, crd := range c.CRDsLive(t, cp) {
 		out[crd.Name] = crd.ResourceVersion
 	}
 	return out
 }
 
-// awaitMigrated waits until every CRD's status.storedVersions lists its
+// AwaitMigrated waits until every CRD's status.storedVersions lists its
 // storage version in the second release alone, as the operator's
 // migrations leave it.
-func (c releaseChain) awaitMigrated(t *testing.T, cp *testenv.Env) {
+func (c ReleaseChain) AwaitMigrated(t *testing.T, cp *testenv.Env) {
 	t.Helper()
-	storage := c.storage(t, c.second)
+	storage := c.Storage(t, c.Second)
 	testenv.WaitProgress(t, "the operator's migrations", 3*time.Minute, func(ctx context.Context) (bool, string, error) {
 		var pending []string
-		for _, crd := range c.crdsLive(t, cp) {
+		for _, crd := range c.CRDsLive(t, cp) {
 			if !slices.Equal(crd.Status.StoredVersions, []string{storage[crd.Name]}) {
 				pending = append(pending, fmt.Sprintf("%s %v", crd.Name, crd.Status.StoredVersions))
 			}
