@@ -18,6 +18,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/kube"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -737,6 +738,12 @@ func assertHookRBACIsTight(t *testing.T, job *batchv1.Job, crdName, otherCRD str
 		{attrs{Verb: "create", Group: "storagemigration.k8s.io", Resource: "storageversionmigrations"}, false},
 		{attrs{Verb: "list", Group: "migration.restow.dev", Resource: "storagemigrations"}, true},
 		{attrs{Verb: "create", Group: "migration.restow.dev", Resource: "storagemigrations"}, true},
+		{attrs{Verb: "get", Group: "migration.restow.dev", Resource: "storagemigrations", Name: crdName}, true},
+		{attrs{Verb: "watch", Group: "migration.restow.dev", Resource: "storagemigrations", Name: crdName}, true},
+		{attrs{Verb: "patch", Group: "migration.restow.dev", Resource: "storagemigrations", Name: crdName}, true},
+		{attrs{Verb: "get", Group: "migration.restow.dev", Resource: "storagemigrations", Name: otherCRD}, false},
+		{attrs{Verb: "patch", Group: "migration.restow.dev", Resource: "storagemigrations", Name: otherCRD}, false},
+		{attrs{Verb: "watch", Group: "migration.restow.dev", Resource: "storagemigrations"}, false},
 		{attrs{Verb: "delete", Group: "migration.restow.dev", Resource: "storagemigrations"}, false},
 		{attrs{Verb: "update", Group: "migration.restow.dev", Resource: "storagemigrations", Subresource: "status"}, false},
 		{attrs{Verb: "list", Group: "crd-author.config.restow.dev", Resource: "gadgets"}, false},
@@ -805,6 +812,10 @@ func hookObjects(release, namespace string) []client.Object {
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: release + "-restow-prepare"}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: release + "-restow-prepare"}},
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release + "-restow-release-crds"}},
+		&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}},
+		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name}},
+		&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: release + "-restow-prepare"}},
+		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: release + "-restow-prepare"}},
 	}
 }
 
@@ -929,8 +940,10 @@ func TestCRDAuthorsDocShowsTheSamples(t *testing.T) {
 		}
 	}
 	// The run and prepare Jobs; Roles and RoleBindings in kube-system
-	// (Leases) and default (EndpointSlices); the release's CRD for prepare.
-	want := map[string]int{"ConfigMap": 1, "Job": 2, "ServiceAccount": 1, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 2, "RoleBinding": 2}
+	// (Leases) and default (EndpointSlices); the release's CRD for prepare;
+	// the admission policies of the run and prepare roles, bound.
+	want := map[string]int{"ConfigMap": 1, "Job": 2, "ServiceAccount": 1, "ClusterRole": 2, "ClusterRoleBinding": 2, "Role": 2, "RoleBinding": 2,
+		"ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Errorf("the hooks rendered %v, want %v", kinds, want)
 	}

@@ -50,8 +50,13 @@ func TestPrepareJobSamples(t *testing.T) {
 			t.Errorf("Argo CD: %s is in wave %d, want one before the Job's (%d)", k, w, wave["Job/restow-prepare"])
 		}
 	}
-	if len(argo) != 8 {
-		t.Errorf("Argo CD: %d objects rendered, want 8 (ServiceAccount, ClusterRole and binding, two Roles and bindings, Job)", len(argo))
+	for k, w := range wave {
+		if strings.HasPrefix(k, "ValidatingAdmissionPolicy") && w >= wave["ClusterRoleBinding/"] {
+			t.Errorf("Argo CD: %s is in wave %d, want one before the RBAC's (%d): the policy holds what the role allows", k, w, wave["ClusterRoleBinding/"])
+		}
+	}
+	if len(argo) != 10 {
+		t.Errorf("Argo CD: %d objects rendered, want 10 (admission policy and binding, ServiceAccount, ClusterRole and binding, two Roles and bindings, Job)", len(argo))
 	}
 
 	flux := render(t, prepareJobDir+"/flux")

@@ -65,7 +65,17 @@ func (r layoutRelease) files(t *testing.T, restow bool) map[string][]byte {
 	if restow {
 		files["crds/crontabs/storagemigration.yaml"] = read("migration_v1alpha1_storagemigration.yaml")
 	}
-	for _, name := range []string{"base/kustomization.yaml", "base/serviceaccount.yaml", "base/rbac.yaml", "base/job.yaml", "flux/kustomization.yaml"} {
+	var names []string
+	for _, dir := range []string{"base", "flux"} {
+		entries, err := os.ReadDir(filepath.Join(prepareJob, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			names = append(names, dir+"/"+e.Name())
+		}
+	}
+	for _, name := range names {
 		raw := read("prepare-job/" + name)
 		if name == "base/job.yaml" {
 			if !bytes.Contains(raw, []byte(keepLine)) {
