@@ -73,7 +73,7 @@ func storageMigration(name, group, resource string) *migrationv1alpha1.StorageMi
 // saying want.
 func assertDeniedByPolicy(t *testing.T, what string, err error, want string) {
 	t.Helper()
-	if err == nil || !(apierrors.IsInvalid(err) || apierrors.IsForbidden(err)) || !strings.Contains(err.Error(), want) {
+	if err == nil || (!apierrors.IsInvalid(err) && !apierrors.IsForbidden(err)) || !strings.Contains(err.Error(), want) {
 		t.Errorf("%s: %v, want the admission policy's refusal saying %q", what, err, want)
 		return
 	}
@@ -124,7 +124,7 @@ func TestHookPoliciesAsShipped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var hooks []*unstructured.Unstructured
+		hooks := make([]*unstructured.Unstructured, 0, len(r.Hooks))
 		for _, h := range r.Hooks {
 			hooks = append(hooks, decodeManifests(t, h.Manifest)...)
 		}

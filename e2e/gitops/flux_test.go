@@ -105,7 +105,8 @@ func startFlux(t *testing.T, cp *testenv.Env) *flux {
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return false, err.Error(), nil
+			// Not listening yet: no answer is progress to wait on.
+			return false, "no answer: " + err.Error(), nil //nolint:nilerr // the wait goes on
 		}
 		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status, nil
@@ -229,9 +230,9 @@ func (f *flux) kustomization(t *testing.T, name string, spec map[string]any) {
 
 // status is what a Kustomization's status says.
 type status struct {
-	ready, reason, message       string
-	readySince                   time.Time
-	lastApplied, lastAttempted   string
+	ready, reason, message         string
+	readySince                     time.Time
+	lastApplied, lastAttempted     string
 	observedGeneration, generation int64
 }
 
@@ -268,7 +269,7 @@ func (f *flux) read(ctx context.Context, name string) (status, error) {
 
 // awaitReady waits until Kustomization name is Ready with revision
 // applied; stall bounds a wait on which its status does not change.
-func (f *flux) awaitReady(t *testing.T, name, revision string, stall time.Duration) status {
+func (f *flux) awaitReady(t *testing.T, name, revision string, stall time.Duration) {
 	t.Helper()
 	var last status
 	testenv.WaitProgress(t, "Kustomization "+name+" Ready at "+revision, stall, func(ctx context.Context) (bool, string, error) {
@@ -277,7 +278,6 @@ func (f *flux) awaitReady(t *testing.T, name, revision string, stall time.Durati
 		return err == nil && s.ready == "True" && s.lastApplied == revision && s.observedGeneration == s.generation, s.String(), err
 	})
 	t.Logf("Kustomization %s: %s", name, last)
-	return last
 }
 
 // awaitFailed waits until Kustomization name has attempted revision and

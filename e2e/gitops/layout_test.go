@@ -181,7 +181,7 @@ func awaitReadyAfterMigration(t *testing.T, f *flux, revision string) {
 		}
 		return done, k.String(), nil
 	})
-	if sm == nil || k.readySince.Before(sm.LastTransitionTime.Time.Truncate(time.Second)) {
+	if sm == nil || k.readySince.Before(sm.LastTransitionTime.Truncate(time.Second)) {
 		t.Errorf("crontab-crds Ready since %s, its StorageMigration %+v: want the Kustomization Ready after it", k.readySince, sm)
 	}
 	t.Logf("crontab-crds Ready since %s; its StorageMigration Ready since %s: %s", k.readySince, sm.LastTransitionTime, sm.Message)
