@@ -8,11 +8,14 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsac "k8s.io/apiextensions-apiserver/pkg/client/applyconfiguration/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -171,6 +174,9 @@ func assertStorageMigrationsHeld(t *testing.T, sa client.Client, want string) {
 		t.Errorf("changing the StorageMigration of crontabs to Secrets: %v, want refused: spec.resource is immutable", err)
 	}
 
+	viaStatus := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"rewriteViaStatus":true}}`))
+	assertDeniedByPolicy(t, "rewriting via status, past the CRD's admission", sa.Patch(ctx, own, viaStatus), "not change its spec")
+
 	theirs := &migrationv1alpha1.StorageMigration{}
 	if err := sa.Get(ctx, client.ObjectKey{Name: "gadgets.crd-author.config.restow.dev"}, theirs); !apierrors.IsForbidden(err) {
 		t.Errorf("reading another resource's StorageMigration: %v, want Forbidden", err)
@@ -210,10 +216,14 @@ func assertCRDWriteHeld(t *testing.T, fx testenv.Fixture, sa client.Client) {
 		v.Name, v.Storage = "v2", false
 		s.Versions = append(s.Versions, *v)
 	}
-	testenv.WaitProgress(t, "the CRD policy to take hold", 30*time.Second, func(context.Context) (bool, string, error) {
+	testenv.WaitProgress(t, "the CRD policy to take hold", 30*time.Second, func(ctx context.Context) (bool, string, error) {
 		err := update(false, newVersion)
 		if err == nil {
-			return false, "", update(false, func(s *apiextensionsv1.CustomResourceDefinitionSpec) { s.Versions = s.Versions[:2] })
+			// Not in force yet: the version added is taken away again,
+			// as the test's own administrator.
+			crd := fx.CRD(t)
+			crd.Spec.Versions = crd.Spec.Versions[:2]
+			return false, "added", env.Client.Update(ctx, crd)
 		}
 		return strings.Contains(err.Error(), want), err.Error(), nil
 	})
@@ -223,6 +233,23 @@ func assertCRDWriteHeld(t *testing.T, fx testenv.Fixture, sa client.Client) {
 	assertDeniedByPolicy(t, "a new schema", update(false, newSchema), want)
 	assertDeniedByPolicy(t, "a conversion webhook", update(false, webhook), want)
 	assertDeniedByPolicy(t, "a new version", update(false, newVersion), want)
+	metadata := func(change func(*apiextensionsv1.CustomResourceDefinition)) error {
+		crd := fx.CRD(t)
+		change(crd)
+		return sa.Update(ctx, crd)
+	}
+	assertDeniedByPolicy(t, "an owner, which the garbage collector would follow", metadata(func(crd *apiextensionsv1.CustomResourceDefinition) {
+		crd.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "gone", UID: "8d3e2c4a-0000-4000-8000-000000000000"}}
+	}), want)
+	assertDeniedByPolicy(t, "a label", metadata(func(crd *apiextensionsv1.CustomResourceDefinition) {
+		crd.Labels = map[string]string{"migration.restow.dev/auto-migrate": "false"}
+	}), want)
+	assertDeniedByPolicy(t, "another short name", update(false, func(s *apiextensionsv1.CustomResourceDefinitionSpec) {
+		s.Names.ShortNames = append(s.Names.ShortNames, "ct")
+	}), want)
+	assertDeniedByPolicy(t, "no status subresource", update(false, func(s *apiextensionsv1.CustomResourceDefinitionSpec) {
+		s.Versions[1].Subresources = nil
+	}), want)
 	moveStorage := func(s *apiextensionsv1.CustomResourceDefinitionSpec) {
 		s.Versions[0].Storage, s.Versions[1].Storage = false, true
 	}
@@ -230,6 +257,46 @@ func assertCRDWriteHeld(t *testing.T, fx testenv.Fixture, sa client.Client) {
 		t.Errorf("moving the storage version to v1, as prepare's bridge does: %v", err)
 	}
 	if got := fx.CRD(t); !got.Spec.Versions[1].Storage {
+		t.Errorf("the storage version did not move: %+v", got.Spec.Versions)
+	}
+	assertApplyBridgeAllowed(t, fx, sa)
+}
+
+// assertApplyBridgeAllowed: where a server-side apply owns spec.versions
+// (Helm 4, Flux, kubectl --server-side), prepare moves the storage version
+// by applying that manager's own fields again with the flags moved; the
+// policy allows that write too.
+func assertApplyBridgeAllowed(t *testing.T, fx testenv.Fixture, sa client.Client) {
+	t.Helper()
+	ctx := t.Context()
+	const owner = "helm"
+	crd := fx.CRD(t)
+	crd.ManagedFields, crd.ResourceVersion = nil, ""
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(crd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := &unstructured.Unstructured{Object: u}
+	applied.SetAPIVersion("apiextensions.k8s.io/v1")
+	applied.SetKind("CustomResourceDefinition")
+	unstructured.RemoveNestedField(applied.Object, "status")
+	unstructured.RemoveNestedField(applied.Object, "metadata", "creationTimestamp")
+	if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner(owner), client.ForceOwnership); err != nil {
+		t.Fatalf("applying the CRD as %s: %v", owner, err)
+	}
+	live := fx.CRD(t)
+	ac, err := apiextensionsac.ExtractCustomResourceDefinition(live, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ac.Spec.Versions {
+		ac.Spec.Versions[i].Storage = ptr.To(*ac.Spec.Versions[i].Name == "v1beta1")
+	}
+	ac.WithResourceVersion(live.ResourceVersion)
+	if err := sa.Apply(ctx, ac, client.FieldOwner(owner), client.ForceOwnership); err != nil {
+		t.Errorf("moving the storage version back to v1beta1 as field manager %s, as prepare's bridge does: %v", owner, err)
+	}
+	if got := fx.CRD(t); !got.Spec.Versions[0].Storage {
 		t.Errorf("the storage version did not move: %+v", got.Spec.Versions)
 	}
 }

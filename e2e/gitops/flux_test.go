@@ -275,14 +275,15 @@ func (f *flux) awaitReady(t *testing.T, name, revision string, stall time.Durati
 	testenv.WaitProgress(t, "Kustomization "+name+" Ready at "+revision, stall, func(ctx context.Context) (bool, string, error) {
 		s, err := f.read(ctx, name)
 		last = s
-		return err == nil && s.ready == "True" && s.lastApplied == revision && s.observedGeneration == s.generation, s.String(), err
+		done := err == nil && s.ready == "True" && s.lastApplied == revision && s.observedGeneration == s.generation
+		return done, s.String() + f.migrations(ctx), err
 	})
 	t.Logf("Kustomization %s: %s", name, last)
 }
 
 // awaitFailed waits until Kustomization name has attempted revision and
 // is not Ready, saying want.
-func (f *flux) awaitFailed(t *testing.T, name, revision, want string, stall time.Duration) status {
+func (f *flux) awaitFailed(t *testing.T, name, revision, want string, stall time.Duration) {
 	t.Helper()
 	var last status
 	testenv.WaitProgress(t, "Kustomization "+name+" failed at "+revision, stall, func(ctx context.Context) (bool, string, error) {
@@ -291,5 +292,22 @@ func (f *flux) awaitFailed(t *testing.T, name, revision, want string, stall time
 		return err == nil && s.ready == "False" && s.lastAttempted == revision && strings.Contains(s.message, want), s.String(), err
 	})
 	t.Logf("Kustomization %s: %s", name, last)
-	return last
+}
+
+// migrations sums up restow's StorageMigrations, where restow is installed,
+// for a wait's progress: a Kustomization waiting on a migration keeps its
+// status through the pass and the settle window, the migration does not.
+func (f *flux) migrations(ctx context.Context) string {
+	list := &unstructured.UnstructuredList{}
+	list.SetAPIVersion("migration.restow.dev/v1alpha1")
+	list.SetKind("StorageMigrationList")
+	if err := f.cp.Client.List(ctx, list); err != nil {
+		return ""
+	}
+	out := make([]string, 0, len(list.Items))
+	for _, m := range list.Items {
+		summary, _, _ := unstructured.NestedString(m.Object, "status", "progressSummary")
+		out = append(out, m.GetName()+": "+summary)
+	}
+	return "; StorageMigrations: " + strings.Join(out, ", ")
 }

@@ -107,6 +107,9 @@ func TestFluxAppliesARelease(t *testing.T) {
 				}
 				return
 			}
+			// Flux applies the release at once: refused while the operator's
+			// migration is under way, then applied by a retry once it is done.
+			f.awaitFailed(t, "gateway-api", third, "missing from spec.versions", time.Minute)
 			f.awaitReady(t, "gateway-api", third, settleWindow+time.Minute)
 			c.AssertStored(t, cp, objects)
 		})

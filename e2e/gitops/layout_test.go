@@ -5,6 +5,8 @@ package gitops
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +17,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -159,32 +162,37 @@ func TestFluxLayoutOfGitopsMd(t *testing.T) {
 // awaitReadyAfterMigration waits until crontab-crds is Ready at revision,
 // after the storage switch: Flux's wait reads the StorageMigration with
 // kstatus, so crontab-crds must not be Ready before the StorageMigration
-// is, at any look.
+// is Ready at v1 (its Ready of before the switch, at v1beta1, does not
+// count) and status.storedVersions lists v1 alone, at any look.
 func awaitReadyAfterMigration(t *testing.T, f *flux, revision string) {
 	t.Helper()
 	var k status
-	var sm *metav1.Condition
+	m := &migrationv1alpha1.StorageMigration{}
 	testenv.WaitProgress(t, "crontab-crds Ready after its StorageMigration", settleWindow+time.Minute, func(ctx context.Context) (bool, string, error) {
 		var err error
 		if k, err = f.read(ctx, "crontab-crds"); err != nil {
 			return false, "", err
 		}
-		m := &migrationv1alpha1.StorageMigration{}
 		if err := f.cp.Client.Get(ctx, client.ObjectKey{Name: crontabs}, m); client.IgnoreNotFound(err) != nil {
 			return false, "", err
 		}
-		sm = apimeta.FindStatusCondition(m.Status.Conditions, "Ready")
-		smReady := sm != nil && sm.Status == metav1.ConditionTrue && sm.ObservedGeneration == m.Generation
-		done := k.ready == "True" && k.lastApplied == revision
-		if done && !smReady {
-			t.Errorf("crontab-crds is Ready at %s while its StorageMigration is not: %+v", revision, sm)
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := f.cp.Client.Get(ctx, client.ObjectKey{Name: crontabs}, crd); err != nil {
+			return false, "", err
 		}
-		return done, k.String(), nil
+		migrated := m.ReadyAt("v1") && slices.Equal(crd.Status.StoredVersions, []string{"v1"})
+		done := k.ready == "True" && k.lastApplied == revision
+		if done && !migrated {
+			t.Errorf("crontab-crds is Ready at %s while its StorageMigration is not Ready at v1 (%s) or status.storedVersions is %v",
+				revision, m.Status.ProgressSummary, crd.Status.StoredVersions)
+		}
+		return done, fmt.Sprintf("%s; StorageMigration: %s; storedVersions %v", k, m.Status.ProgressSummary, crd.Status.StoredVersions), nil
 	})
-	if sm == nil || k.readySince.Before(sm.LastTransitionTime.Truncate(time.Second)) {
-		t.Errorf("crontab-crds Ready since %s, its StorageMigration %+v: want the Kustomization Ready after it", k.readySince, sm)
+	ready := apimeta.FindStatusCondition(m.Status.Conditions, "Ready")
+	if ready == nil || k.readySince.Before(ready.LastTransitionTime.Truncate(time.Second)) {
+		t.Fatalf("crontab-crds Ready since %s, its StorageMigration's Ready %+v: want the Kustomization Ready after it", k.readySince, ready)
 	}
-	t.Logf("crontab-crds Ready since %s; its StorageMigration Ready since %s: %s", k.readySince, sm.LastTransitionTime, sm.Message)
+	t.Logf("crontab-crds Ready since %s; its StorageMigration Ready since %s: %s", k.readySince, ready.LastTransitionTime, ready.Message)
 }
 
 // jobRun is one run of a prepare Job's command.
@@ -197,6 +205,8 @@ type jobRun struct {
 type jobs struct {
 	mu   sync.Mutex
 	runs []jobRun
+	// out is the output of the run under way, or of the last one.
+	out testenv.LockedBuffer
 }
 
 // runJobs runs, until the test ends, each new Job restow-prepare once: its
@@ -216,7 +226,7 @@ func runJobs(t *testing.T, cp *testenv.Env) *jobs {
 			err := cp.Client.Get(ctx, client.ObjectKey{Namespace: "restow-prepare", Name: "restow-prepare"}, job)
 			if err == nil && job.DeletionTimestamp == nil && !slices.Contains(seen, job.UID) {
 				seen = append(seen, job.UID)
-				run := runJob(ctx, t, cp, job)
+				run := runJob(ctx, t, cp, job, &j.out)
 				j.mu.Lock()
 				j.runs = append(j.runs, run)
 				j.mu.Unlock()
@@ -240,10 +250,12 @@ func (j *jobs) count() int {
 // await waits until the n-th Job has run, and returns that run.
 func (j *jobs) await(t *testing.T, n int, stall time.Duration) jobRun {
 	t.Helper()
+	// Progress is what the run under way printed so far (its pass's
+	// progress lines), quiet only through the settle window.
 	testenv.WaitProgress(t, "the prepare Job", stall, func(context.Context) (bool, string, error) {
 		j.mu.Lock()
 		defer j.mu.Unlock()
-		return len(j.runs) >= n, "", nil
+		return len(j.runs) >= n, fmt.Sprintf("%d runs; %d bytes of output", len(j.runs), len(j.out.String())), nil
 	})
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -251,7 +263,7 @@ func (j *jobs) await(t *testing.T, n int, stall time.Duration) jobRun {
 }
 
 // runJob runs job's command as its ServiceAccount and writes its status.
-func runJob(ctx context.Context, t *testing.T, cp *testenv.Env, job *batchv1.Job) jobRun {
+func runJob(ctx context.Context, t *testing.T, cp *testenv.Env, job *batchv1.Job, progress *testenv.LockedBuffer) jobRun {
 	spec := job.Spec.Template.Spec
 	if len(spec.Containers) != 1 || !slices.Equal(spec.Containers[0].Command, []string{"/kubectl-restow"}) {
 		t.Errorf("the prepare Job runs %+v, want one container running the image's /kubectl-restow", spec.Containers)
@@ -271,7 +283,8 @@ func runJob(ctx context.Context, t *testing.T, cp *testenv.Env, job *batchv1.Job
 	args := append(slices.Clone(spec.Containers[0].Args), "--kubeconfig="+kubeconfig, "--cache-dir="+filepath.Join(dir, "cache"))
 	var out bytes.Buffer
 	started := metav1.Now()
-	code := cli.Execute(ctx, args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &out})
+	w := io.MultiWriter(&out, progress)
+	code := cli.Execute(ctx, args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: w, ErrOut: w})
 	t.Logf("/kubectl-restow %s: exit %d\n%s", strings.Join(args, " "), code, out.String())
 	ended := metav1.Now()
 	job.Status.StartTime = &started

@@ -308,7 +308,7 @@ func (c *clients) handsToOperator(ctx context.Context, inProcess bool) (bool, er
 	case errors.Is(err, errNotInstalled):
 		return false, nil
 	case apierrors.IsForbidden(err):
-		return false, fmt.Errorf("restow's StorageMigration API is installed, but this identity may not list StorageMigrations, so prepare cannot hand its migrations to the restow operator: grant get, list, watch, create and patch on storagemigrations.migration.restow.dev, or, where no restow operator runs, pass --in-process: %w", err)
+		return false, fmt.Errorf("restow's StorageMigration API is installed, but this identity may not list StorageMigrations, so prepare cannot hand its migrations to the restow operator: grant list and create on storagemigrations.migration.restow.dev, and get, watch and patch on the StorageMigration of each CRD it prepares (by its name), or, where no restow operator runs, pass --in-process: %w", err)
 	case err != nil:
 		return false, err
 	}
