@@ -87,6 +87,11 @@ api-docs: $(CRD_REF_DOCS) ## Generate the API reference docs/api-reference.md fr
 	$(CRD_REF_DOCS) --source-path=./api --config=hack/api-docs/config.yaml --renderer=markdown \
 	  --templates-dir=hack/api-docs/templates --output-path=docs/api-reference.md --log-level=WARN
 
+# hack/clidocs; make verify keeps the pages in step with the commands.
+.PHONY: cli-docs
+cli-docs: ## Generate the CLI reference docs/reference/cli/ from kubectl-restow's commands.
+	go run ./hack/clidocs --output docs/reference/cli
+
 .PHONY: fmt
 fmt: ## Run gofmt on the code.
 	gofmt -s -w $$(git ls-files '*.go')
@@ -106,14 +111,14 @@ lint-workflows: $(ACTIONLINT) ## Check .github/workflows and the sample workflow
 	$(ACTIONLINT) config/samples/ci/*.yaml
 
 .PHONY: verify
-verify: generate manifests api-docs ## Regenerate, check formatting and go.mod, fail on any difference from git.
+verify: generate manifests api-docs cli-docs ## Regenerate, check formatting and go.mod, fail on any difference from git.
 	@unformatted=$$(gofmt -s -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt -s would change:"; echo "$$unformatted"; exit 1; fi
 	go mod tidy
 	cd hack/controlplane && go mod tidy
 	cd hack/fluxcontroller && go mod tidy
 	@if [ -n "$$(git status --porcelain)" ]; then \
-	  echo "The tree is not clean after regenerating (run make generate manifests api-docs and go mod tidy, then commit):"; \
+	  echo "The tree is not clean after regenerating (run make generate manifests api-docs cli-docs and go mod tidy, then commit):"; \
 	  git status --porcelain; git --no-pager diff --stat; exit 1; fi
 
 ##@ Test
