@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -176,7 +177,11 @@ func run(ctx context.Context, c *clients, streams genericiooptions.IOStreams, ar
 	case errors.Is(err, storedversions.ErrCRDChanged):
 		return fmt.Errorf("CRD %s changed during the pass, so status.storedVersions was not pruned: run again", target.CRD.Name)
 	case errors.As(err, &stalledErr):
-		return &exitError{code: ExitPending, err: fmt.Errorf("%s: %s; nothing was pruned", stalledErr.Why(), stalledErr.Message)}
+		msg := stalledErr.Message
+		if !strings.Contains(msg, "nothing was rewritten or pruned") {
+			msg += "; nothing was pruned"
+		}
+		return &exitError{code: ExitPending, err: fmt.Errorf("%s: %s", stalledErr.Why(), msg)}
 	default:
 		return fmt.Errorf("the pass stopped: %s", migrator.Message(err))
 	}

@@ -63,8 +63,9 @@ type LagCase struct {
 	Says []string
 	// MidPass runs once the first objects are done.
 	MidPass func(ctx context.Context) error
-	// Stalled: the lag outlasts LagLimit, and the migration must stop,
-	// Stalled, naming the server, with nothing written or pruned.
+	// Stalled: the lag outlasts LagLimit, and the migration, run as
+	// `kubectl restow run`, must stop with exit 2, naming the server, with
+	// nothing written or pruned.
 	Stalled bool
 }
 
@@ -96,7 +97,8 @@ func waitCaughtUp(t *testing.T, ha *testenv.Env, fx testenv.Fixture) {
 // many API servers restow counted and could reach, when its first pass
 // started, what it said while it waited, that it pruned nothing early (read
 // from etcd throughout) and that it ended with every object at v1 and
-// storedVersions [v1], or stopped Stalled with nothing written or pruned.
+// storedVersions [v1], or, run as `kubectl restow run`, exited 2 with
+// nothing written or pruned.
 func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 	n := tc.N
 	if n == 0 {
@@ -121,12 +123,12 @@ func MigrateBehindLag(t *testing.T, ha *testenv.Env, tc LagCase) {
 		end := time.AfterFunc(tc.EndsAfter, func() { ha.SetWatchLag(0) })
 		t.Cleanup(func() { end.Stop() })
 	}
-	m, target := resolveBehindLag(ctx, t, ha, tc, fx)
-	run := migrateBehindLag(ctx, t, m, target, tc)
 	if tc.Stalled {
-		assertStalledAtLimit(t, run, fx, observer, n)
+		stalledThroughPlugin(t, ha, tc, fx, observer, n)
 		return
 	}
+	m, target := resolveBehindLag(ctx, t, ha, tc, fx)
+	run := migrateBehindLag(ctx, t, m, target, tc)
 	if run.err != nil {
 		t.Fatal(run.err)
 	}
@@ -153,7 +155,7 @@ func resolveBehindLag(ctx context.Context, t *testing.T, ha *testenv.Env, tc Lag
 	// once, and only the reads of each server at its own address can hold
 	// the first pass.
 	config := ha.Config
-	if tc.Knows || tc.Stalled {
+	if tc.Knows {
 		config = ha.ServerConfig(0)
 	}
 	m, err := migrator.NewForConfig(config, ha.Client)
@@ -237,23 +239,6 @@ func migrateBehindLag(ctx context.Context, t *testing.T, m *migrator.Migrator, t
 		}
 	}
 	return run
-}
-
-// assertStalledAtLimit checks a migration the lag outlasted: Stalled at
-// the lag limit, nothing done, pruned or moved in etcd.
-func assertStalledAtLimit(t *testing.T, run lagRun, fx testenv.Fixture, observer *testenv.PruneObserver, n int) {
-	t.Helper()
-	var stalled *migrator.StalledError
-	if !errors.As(run.err, &stalled) || !strings.Contains(stalled.Message, "--apiserver-lag-limit") {
-		t.Fatalf("Migrate = %v, want it Stalled at the lag limit", run.err)
-	}
-	t.Logf("Stalled after %s: %s", time.Since(run.start).Round(time.Millisecond), stalled.Message)
-	if run.result.Done() != 0 {
-		t.Errorf("%d objects were done before every API server switched", run.result.Done())
-	}
-	observer.AssertNoEarlyPrune(t, false)
-	fx.AssertStored(t, map[string]int{"v1beta1": n})
-	fx.AssertStoredVersions(t, "v1beta1", "v1")
 }
 
 // assertFirstPage checks when the first page was done: after the lagging

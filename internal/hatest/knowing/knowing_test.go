@@ -21,7 +21,7 @@ func TestMain(m *testing.M) { hatest.Main(m) }
 // starts the first pass once both show the target's storageVersionHash:
 // after the lag, before the lag bound when the lag is shorter, and held
 // back past the bound while the server still lags, up to the lag limit,
-// where it stops Stalled with nothing written or pruned. No case prunes
+// where `kubectl restow run` exits 2 with nothing written or pruned. No case prunes
 // early (read from etcd throughout).
 func TestMigrateKnowingEachAPIServer(t *testing.T) {
 	ha := testenv.Start(t, testenv.Options{APIServers: 2, OwnAddresses: true, LaggingAPIServer: true,
@@ -54,7 +54,8 @@ func TestMigrateKnowingEachAPIServer(t *testing.T) {
 	t.Run("a watch cache behind etcd", func(t *testing.T) {
 		hatest.MigrateBehindLaggingCache(t, ha, "cache.hatest.restow.dev")
 	})
-	// Last: the lagging server's held watch events outlast the test.
+	// Last: the lagging server's held watch events outlast the test. As
+	// users meet it: kubectl restow run, which exits 2.
 	t.Run("past the lag limit", func(t *testing.T) {
 		hatest.MigrateBehindLag(t, ha, hatest.LagCase{
 			Group: "limit.hatest.restow.dev", N: 300, Lag: 40 * time.Second, LagBound: 2 * time.Second, LagLimit: 8 * time.Second,
