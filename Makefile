@@ -129,15 +129,24 @@ envtest-assets: ## Build kube-apiserver and etcd from source for K8S_VERSION (id
 	@echo $(ENVTEST_ASSETS)
 
 .PHONY: test
-test: test-integration ## Run unit and integration tests (real API server and etcd) with -race, then the e2e suite.
-	$(MAKE) --no-print-directory test-e2e
+test: ## Run unit and integration tests (real API server and etcd) with -race, and the e2e suite beside them.
+	@# A new make test starts here: an earlier run's times are not mixed in.
+	@mkdir -p $(TEST_REPORTS) && rm -f $(TEST_REPORTS)/*.json
+	@# Side by side: the e2e suite mostly waits (for a manager, a lag, a
+	@# compaction), while the integration tests mostly compute.
+	$(MAKE) --no-print-directory -j2 test-integration test-e2e
+
+# The integration packages, the longest first: go test starts packages in
+# the order given, so that the longest does not start last and end the run
+# alone (docs/development.md, "How long the tests take").
+SLOW_TEST_PACKAGES := internal/cli config controllers internal/hatest/knowing internal/hatest/bound internal/operator internal/migrator internal/imagetar
+MODULE := $(shell go list -m)
+TEST_PACKAGES = $(addprefix ./,$(SLOW_TEST_PACKAGES)) $(filter-out $(addprefix $(MODULE)/,$(SLOW_TEST_PACKAGES)),$(shell go list ./...))
 
 .PHONY: test-integration
 test-integration: envtest-assets $(PROMTOOL) $(GOTESTSUM) ## Run unit and integration tests (real API server and etcd) only.
-	@# A new make test starts here: an earlier run's times are not mixed in.
-	@mkdir -p $(TEST_REPORTS) && rm -f $(TEST_REPORTS)/*.json
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) PROMTOOL=$(PROMTOOL) $(GOTESTSUM) --format pkgname \
-	  --jsonfile-timing-events $(TEST_REPORTS)/integration.json -- $(GO_TEST_FLAGS) ./...
+	  --jsonfile-timing-events $(TEST_REPORTS)/integration.json -- $(GO_TEST_FLAGS) $(TEST_PACKAGES)
 
 # The manager binary the tests run as a process (internal/operator.Build),
 # built once here rather than by each of the ten test packages that start it.
