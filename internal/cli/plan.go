@@ -89,7 +89,9 @@ func newPlanCommand(f *factory, streams genericiooptions.IOStreams) *cobra.Comma
 version: how many objects a migration would rewrite, which StorageMigration
 covers it and in what state, an estimate of the time left, and what blocks
 removing the old versions from the CRD. With -n/--namespace it counts the
-objects of namespaced CRDs in that namespace only.`,
+objects of namespaced CRDs in that namespace only. plan only reads. With
+--fail-if-pending it exits 2 while any CRD is listed, whoever migrates it (a
+gate in CI before a release that removes an old version); 1 on an error.`,
 		Example: `  kubectl restow plan
   kubectl restow plan -o yaml
   # In CI: fail while anything is left to migrate.

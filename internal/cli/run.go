@@ -79,8 +79,11 @@ after the switch only for a server it cannot reach or verify, and stops
 --apiserver-lag-limit. It needs no operator: use it in CI
 jobs, Helm hooks and Argo CD PostSync hooks. With -n/--namespace it rewrites
 the objects of one namespace and never prunes: the other namespaces are not
-proven. It exits 2 if the resource cannot be migrated or objects could not be
-rewritten (they are listed; nothing is pruned) and 3 on --timeout.`,
+proven. It exits 2, nothing pruned, if the resource cannot be migrated as
+asked, objects could not be rewritten (they are listed), an API server still
+stores at the old version after --apiserver-lag-limit (APIServerLagging), or
+etcd's space stopped the pass (EtcdQuota, EtcdNotCompacting, EtcdAlarm); 3 on
+--timeout; 1 on an error.`,
 		Example: `  kubectl restow run crontabs.stable.example.com
   kubectl restow run crontabs --dry-run
   kubectl restow run crontabs -n team-a`,

@@ -79,7 +79,7 @@ Current, InProgress, Failed), the progress of the pass under way or else of
 the last pass, and how long ago the last pass ended. With a NAME and no
 --output it describes that one: the Ready message, the counts of the last
 pass and the objects it could not rewrite. --watch prints a line on every
-change until interrupted.`,
+change until interrupted. status only reads; it exits 1 on an error.`,
 		Example: `  kubectl restow status
   kubectl restow status crontabs.stable.example.com
   kubectl restow status -o wide --watch
