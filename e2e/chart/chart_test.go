@@ -1,4 +1,4 @@
-//go:build e2e
+//go:build e2e && long
 
 // Package chart prepares a chart-sized CRD upgrade the way the shipped
 // prepare hook runs it: ten CRDs of 500 objects each (2,000 with

@@ -1,4 +1,4 @@
-//go:build e2e
+//go:build e2e && long
 
 // Package releases upgrades real projects' CRDs across their own
 // releases, as their users do: Flux's source-controller, whose CRDs

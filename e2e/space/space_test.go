@@ -1,4 +1,4 @@
-//go:build e2e
+//go:build e2e && long
 
 // Package space runs restow against etcd with a small quota: Secrets of
 // about 500 KB re-encrypted after a key rotation (kubectl restow run and

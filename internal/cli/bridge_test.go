@@ -1,10 +1,11 @@
+//go:build long
+
 package cli_test
 
 import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -90,32 +91,6 @@ func mustApplyConfig(t *testing.T, crd *apiextensionsv1.CustomResourceDefinition
 		t.Error(err)
 	}
 	return ac
-}
-
-// assertReadsAt lists fx's objects at each version and checks that every
-// one has the spec it was created with, plus spec.extra where set.
-func assertReadsAt(t *testing.T, fx testenv.Fixture, keys []client.ObjectKey, spec func(int) map[string]any, versions ...string) {
-	t.Helper()
-	for _, version := range versions {
-		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(fx.GVK(version))
-		if err := env.Client.List(t.Context(), list); err != nil {
-			t.Fatalf("listing %s at %s: %v", fx.CRDName(), version, err)
-		}
-		got := map[client.ObjectKey]any{}
-		for _, o := range list.Items {
-			got[client.ObjectKeyFromObject(&o)] = o.Object["spec"]
-		}
-		if len(got) != len(keys) {
-			t.Errorf("%s lists %d objects at %s, want %d", fx.CRDName(), len(got), version, len(keys))
-		}
-		for i, k := range keys {
-			if !reflect.DeepEqual(got[k], spec(i)) {
-				t.Errorf("%s %s at %s: spec %v, want %v", fx.CRDName(), k, version, got[k], spec(i))
-				break
-			}
-		}
-	}
 }
 
 // writeManifest writes crd as a release's manifest.

@@ -1,3 +1,5 @@
+//go:build long
+
 package cli_test
 
 import (
