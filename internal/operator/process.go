@@ -125,7 +125,9 @@ func StartProcess(tb testing.TB, opts ProcessOptions) *Process {
 		"--auto-migrate-builtins=false",
 	}, opts.Args...)
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
+	// Go's default collector target, whatever the tests run with (the
+	// Makefile's TEST_GOGC): the manager's memory is measured as users run it.
+	p.cmd.Env = append(os.Environ(), "GOTRACEBACK=all", "GOGC=100")
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		tb.Fatal(err)
