@@ -21,8 +21,8 @@ func TestMain(m *testing.M) { hatest.Main(m) }
 // starts the first pass once both show the target's storageVersionHash:
 // after the lag, before the lag bound when the lag is shorter, and held
 // back past the bound while the server still lags, up to the lag limit,
-// where `kubectl restow run` exits 2 with nothing written or pruned. No case prunes
-// early (read from etcd throughout).
+// where `kubectl restow run` exits 2 with nothing written or pruned. No
+// case prunes early (read from etcd throughout).
 func TestMigrateKnowingEachAPIServer(t *testing.T) {
 	ha := testenv.Start(t, testenv.Options{APIServers: 2, OwnAddresses: true, LaggingAPIServer: true,
 		APIServerArgs: map[string]string{"goaway-chance": "0.02"}})
