@@ -37,6 +37,10 @@ type run struct {
 	// recorded: a later write of the same end (its status refused before)
 	// records them no more.
 	endRecorded atomic.Bool
+	// settlingTold is set once a reconcile saw the run settling and said
+	// so (the Settling reason, with its event): a run whose settle window
+	// passed between two looks says it at its end instead.
+	settlingTold atomic.Bool
 
 	mu    sync.Mutex
 	state runState

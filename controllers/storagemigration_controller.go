@@ -239,6 +239,9 @@ func (r *StorageMigrationReconciler) reconcile(ctx context.Context, sm *migratio
 		}
 		progress := statusProgress(state.progress)
 		out := runUnderWay(rn.target, state.progress, progress, time.Now())
+		if out.reason == migrationv1alpha1.SettlingReason {
+			rn.settlingTold.Store(true)
+		}
 		out.status.progress = set(progress)
 		out.status.failedObjects = set(statusFailures(state.progress.Failures))
 		return out, r.StatusInterval
@@ -302,6 +305,7 @@ func (r *StorageMigrationReconciler) ended(ctx context.Context, sm *migrationv1a
 	r.runs.stalled.Forget(sm.Name)
 	end.succeeded = true
 	end.duration = v.summary.CompletionTime.Sub(v.summary.StartTime.Time)
+	out.events = slices.Concat(settledUntold(sm, rn, state), out.events)
 	if pruned := state.result.Pruned; len(pruned) > 0 {
 		end.pruned = true
 		out.events = append(out.events, stepEvent{corev1.EventTypeNormal, "Pruned", "Prune",

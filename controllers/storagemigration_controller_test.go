@@ -130,9 +130,12 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	// the pass at v1, the settle window (told by the change of the Ready
 	// reason), the success and the prune. (Between them, depending on when
 	// the CRD became established, a wait and a pass at v1beta1.)
-	waitEvent(t, sm.Name, "Pruned")
-	got := eventReasons(t, sm.Name)
+	// Each event is written by a goroutine of its own: wait for all.
 	end := []string{"PassStarted", migrationv1alpha1.SettlingReason, migrationv1alpha1.SucceededReason, "Pruned"}
+	for _, reason := range end {
+		waitEvent(t, sm.Name, reason)
+	}
+	got := eventReasons(t, sm.Name)
 	if len(got) < 5 || got[0] != migrationv1alpha1.UnsupportedReason || !slices.Equal(got[len(got)-4:], end) {
 		t.Errorf("events of %s: %v, want %s first and %v last", sm.Name, got, migrationv1alpha1.UnsupportedReason, end)
 	}
@@ -148,6 +151,29 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	}
 	if len(core.Items) != len(got) {
 		t.Errorf("kubectl events' selector found %d events of %s, want %d", len(core.Items), sm.Name, len(got))
+	}
+}
+
+// TestSettlingToldWhenNoLookSawIt: a run whose settle window passed while
+// no reconcile looked (here a window shorter than the pass, and no look
+// between the run's start and its end) still says it settled: its events
+// end Settling, Succeeded, Pruned, as when status showed the window.
+func TestSettlingToldWhenNoLookSawIt(t *testing.T) {
+	f := fixture{group: "unseen.controllers.restow.dev", kind: "Widget", plural: "widgets"}
+	f.install(t, "v1beta1", "v1")
+	f.createObjects(t, 20)
+	f.switchStorage(t, "v1")
+	startManagerWith(t, nil, controllers.Options{SettleWindow: time.Millisecond, StatusInterval: time.Hour})
+	sm := f.createMigration(t, nil)
+	waitFor(t, sm.Name, time.Minute, "Ready", readyAt("v1"))
+	f.assertStored(t, "v1", 20)
+	f.assertStoredVersions(t, "v1")
+	end := []string{"PassStarted", migrationv1alpha1.SettlingReason, migrationv1alpha1.SucceededReason, "Pruned"}
+	for _, reason := range end {
+		waitEvent(t, sm.Name, reason)
+	}
+	if got := eventReasons(t, sm.Name); !slices.Equal(got[len(got)-len(end):], end) {
+		t.Errorf("events of %s: %v, want %v last", sm.Name, got, end)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	migrationv1alpha1 "github.com/restow/restow/api/v1alpha1"
@@ -136,4 +137,21 @@ func runUnderWay(target migrator.Target, p migrator.Progress, status *migrationv
 		return reconciling(migrationv1alpha1.SettlingReason, fmt.Sprintf("The settle window is over; rewriting again the objects others wrote within it (%d so far) before pruning or calling them stored", p.Rechecked))
 	}
 	return reconciling(migrationv1alpha1.ProgressingReason, progressMessage(target.TargetVersion(), status))
+}
+
+// settledUntold is the Settling event of a run that settled while no
+// reconcile looked (the window passed during the pass, or between two
+// looks under load), before its Succeeded: every run that settles says so,
+// whether or not status ever showed it. None when a look said it, or
+// status holds it (told by an earlier process of a resumed run).
+func settledUntold(sm *migrationv1alpha1.StorageMigration, rn *run, state runState) []stepEvent {
+	if !state.result.Settled || rn.settlingTold.Load() {
+		return nil
+	}
+	if c := meta.FindStatusCondition(sm.Status.Conditions, migrationv1alpha1.ReadyCondition); c != nil && c.Reason == migrationv1alpha1.SettlingReason {
+		return nil
+	}
+	return []stepEvent{{corev1.EventTypeNormal, migrationv1alpha1.SettlingReason, "Migrate", fmt.Sprintf(
+		"All %d objects were rewritten to %s; the settle window ended at %s, and what others wrote within it (%d) was rewritten again",
+		state.result.Listed, rn.target.TargetVersion(), state.progress.SettleUntil.UTC().Format(time.RFC3339), state.result.Rechecked)}}
 }
