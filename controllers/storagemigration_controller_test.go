@@ -130,12 +130,8 @@ func TestMissingResourceStallsThenRecovers(t *testing.T) {
 	// the pass at v1, the settle window (told by the change of the Ready
 	// reason), the success and the prune. (Between them, depending on when
 	// the CRD became established, a wait and a pass at v1beta1.)
-	// Each event is written by a goroutine of its own: wait for all.
 	end := []string{"PassStarted", migrationv1alpha1.SettlingReason, migrationv1alpha1.SucceededReason, "Pruned"}
-	for _, reason := range end {
-		waitEvent(t, sm.Name, reason)
-	}
-	got := eventReasons(t, sm.Name)
+	got := waitEventReasons(t, sm.Name, end...)
 	if len(got) < 5 || got[0] != migrationv1alpha1.UnsupportedReason || !slices.Equal(got[len(got)-4:], end) {
 		t.Errorf("events of %s: %v, want %s first and %v last", sm.Name, got, migrationv1alpha1.UnsupportedReason, end)
 	}
@@ -169,12 +165,20 @@ func TestSettlingToldWhenNoLookSawIt(t *testing.T) {
 	f.assertStored(t, "v1", 20)
 	f.assertStoredVersions(t, "v1")
 	end := []string{"PassStarted", migrationv1alpha1.SettlingReason, migrationv1alpha1.SucceededReason, "Pruned"}
-	for _, reason := range end {
-		waitEvent(t, sm.Name, reason)
-	}
-	if got := eventReasons(t, sm.Name); !slices.Equal(got[len(got)-len(end):], end) {
+	if got := waitEventReasons(t, sm.Name, end...); !slices.Equal(got[len(got)-len(end):], end) {
 		t.Errorf("events of %s: %v, want %v last", sm.Name, got, end)
 	}
+}
+
+// waitEventReasons waits until a StorageMigration has an event of each of
+// the reasons (each is written by a goroutine of its own, so one seen says
+// nothing of the others), then lists the reasons of all, oldest first.
+func waitEventReasons(t *testing.T, name string, reasons ...string) []string {
+	t.Helper()
+	for _, reason := range reasons {
+		waitEvent(t, name, reason)
+	}
+	return eventReasons(t, name)
 }
 
 // eventReasons lists the reasons of a StorageMigration's events, oldest first.
